@@ -1,0 +1,123 @@
+//! Matrix products on the CPU through the `gemm` crate.
+
+use rayon::prelude::*;
+
+use super::host;
+use crate::storage::CpuStorage;
+use crate::{DType, Tensor};
+
+/// A 2-D f32 operand: element `(i, j)` is at `data[offset + i * rs + j * cs]`.
+struct Operand<'a> {
+    data: &'a [f32],
+    offset: usize,
+    rs: usize,
+    cs: usize,
+}
+
+/// f32 data and the layout to read it with: the tensor's own storage for
+/// f32 (no copy, any strides), a contiguous f32 copy otherwise.
+fn as_f32(t: &Tensor) -> (std::borrow::Cow<'_, [f32]>, crate::Layout) {
+    match host(t) {
+        CpuStorage::F32(v) => (std::borrow::Cow::Borrowed(v.as_slice()), t.layout().clone()),
+        other => (
+            std::borrow::Cow::Owned(other.gather_f32(t.layout())),
+            crate::Layout::contiguous(t.shape()),
+        ),
+    }
+}
+
+/// Storage offset of batch `b` of `layout` (all dimensions but the last two).
+fn batch_offset(layout: &crate::Layout, mut b: usize) -> usize {
+    let r = layout.rank();
+    let mut off = layout.offset();
+    for d in (0..r - 2).rev() {
+        let n = layout.shape()[d];
+        off += (b % n) * layout.strides()[d];
+        b /= n;
+    }
+    off
+}
+
+pub fn matmul(a: &Tensor, b: &Tensor, out_shape: &[usize], out: DType) -> CpuStorage {
+    let r = out_shape.len();
+    let (m, n) = (out_shape[r - 2], out_shape[r - 1]);
+    let k = a.shape()[r - 1];
+    let batches: usize = out_shape[..r - 2].iter().product();
+    let (ad, al) = as_f32(a);
+    let (bd, bl) = as_f32(b);
+    let mut result = vec![0f32; batches * m * n];
+    if m * n > 0 {
+        let one_batch = |(i, dst): (usize, &mut [f32])| {
+            let lhs = Operand {
+                data: &ad,
+                offset: batch_offset(&al, i),
+                rs: al.strides()[r - 2],
+                cs: al.strides()[r - 1],
+            };
+            let rhs = Operand {
+                data: &bd,
+                offset: batch_offset(&bl, i),
+                rs: bl.strides()[r - 2],
+                cs: bl.strides()[r - 1],
+            };
+            gemm_f32(m, n, k, &lhs, &rhs, dst, batches == 1);
+        };
+        if batches > 1 && batches * m * n * k >= 1 << 16 {
+            result.par_chunks_mut(m * n).enumerate().for_each(one_batch);
+        } else {
+            result.chunks_mut(m * n).enumerate().for_each(one_batch);
+        }
+    }
+    CpuStorage::from_f32(result, out)
+}
+
+/// `dst [m, n] (row-major) = lhs [m, k] @ rhs [k, n]`.
+fn gemm_f32(
+    m: usize,
+    n: usize,
+    k: usize,
+    lhs: &Operand,
+    rhs: &Operand,
+    dst: &mut [f32],
+    parallel: bool,
+) {
+    if k == 0 {
+        dst.fill(0.0);
+        return;
+    }
+    // Bounds: the largest element each operand reaches must be inside its slice.
+    let reach =
+        |o: &Operand, rows: usize, cols: usize| o.offset + (rows - 1) * o.rs + (cols - 1) * o.cs;
+    assert!(reach(lhs, m, k) < lhs.data.len() && reach(rhs, k, n) < rhs.data.len());
+    assert_eq!(dst.len(), m * n);
+    let par = if parallel && m * n * k >= 1 << 18 {
+        gemm::Parallelism::Rayon(rayon::current_num_threads())
+    } else {
+        gemm::Parallelism::None
+    };
+    // SAFETY: the asserts above keep every index gemm computes from the given
+    // dimensions and strides inside the three slices; dst is exclusively borrowed.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            n as isize,
+            false,
+            lhs.data.as_ptr().add(lhs.offset),
+            lhs.cs as isize,
+            lhs.rs as isize,
+            rhs.data.as_ptr().add(rhs.offset),
+            rhs.cs as isize,
+            rhs.rs as isize,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            par,
+        );
+    }
+}

@@ -1,0 +1,81 @@
+//! Reductions and softmax over the last dimension, on the CPU.
+
+use rayon::prelude::*;
+
+use super::{PAR_MIN, host};
+use crate::ops::ReduceOp;
+use crate::storage::CpuStorage;
+use crate::{DType, Tensor};
+
+/// The rows of the last dimension of `x`, contiguous, as f32.
+fn rows(x: &Tensor) -> (Vec<f32>, usize) {
+    let n = *x.shape().last().unwrap_or(&1);
+    (host(x).gather_f32(x.layout()), n)
+}
+
+/// `f` over each row of length `n`, in parallel when the data is large.
+fn per_row<T: Send>(
+    data: &[f32],
+    n: usize,
+    count: usize,
+    f: impl Fn(&[f32]) -> T + Sync + Send,
+) -> Vec<T> {
+    let row = |r: usize| f(&data[r * n..(r + 1) * n]);
+    if count * n.max(1) >= PAR_MIN {
+        (0..count).into_par_iter().map(row).collect()
+    } else {
+        (0..count).map(row).collect()
+    }
+}
+
+pub fn reduce(op: ReduceOp, x: &Tensor, out: DType) -> CpuStorage {
+    let (data, n) = rows(x);
+    let count = x.numel() / n.max(1);
+    // an empty reduced dimension: sums are 0, means NaN (as in PyTorch)
+    let count = if n == 0 {
+        x.shape()[..x.rank() - 1].iter().product()
+    } else {
+        count
+    };
+    let values: Vec<f64> = per_row(&data, n, count, |r| match op {
+        ReduceOp::Sum => r.iter().map(|&v| v as f64).sum(),
+        ReduceOp::Mean => r.iter().map(|&v| v as f64).sum::<f64>() / n as f64,
+        ReduceOp::Max => r.iter().fold(f64::NEG_INFINITY, |m, &v| m.max(v as f64)),
+        ReduceOp::Min => r.iter().fold(f64::INFINITY, |m, &v| m.min(v as f64)),
+        ReduceOp::Argmax => first_best(r, |a, b| a > b) as f64,
+        ReduceOp::Argmin => first_best(r, |a, b| a < b) as f64,
+    });
+    if out == DType::U32 {
+        return CpuStorage::U32(values.iter().map(|&v| v as u32).collect());
+    }
+    CpuStorage::from_f32(values.into_iter().map(|v| v as f32).collect(), out)
+}
+
+/// Index of the first element that no later element beats.
+fn first_best(r: &[f32], better: impl Fn(f32, f32) -> bool) -> usize {
+    let mut best = 0;
+    for (i, &v) in r.iter().enumerate().skip(1) {
+        if better(v, r[best]) {
+            best = i;
+        }
+    }
+    best
+}
+
+pub fn softmax(x: &Tensor, log: bool, out: DType) -> CpuStorage {
+    let (data, n) = rows(x);
+    let count = if n == 0 { 0 } else { x.numel() / n };
+    let result: Vec<Vec<f32>> = per_row(&data, n, count, |r| {
+        let max = r.iter().fold(f64::NEG_INFINITY, |m, &v| m.max(v as f64));
+        let sum: f64 = r.iter().map(|&v| (v as f64 - max).exp()).sum();
+        if log {
+            let lse = max + sum.ln();
+            r.iter().map(|&v| (v as f64 - lse) as f32).collect()
+        } else {
+            r.iter()
+                .map(|&v| ((v as f64 - max).exp() / sum) as f32)
+                .collect()
+        }
+    });
+    CpuStorage::from_f32(result.concat(), out)
+}

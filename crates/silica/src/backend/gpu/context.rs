@@ -1,0 +1,420 @@
+//! What every GPU kernel launch needs: the wgpu device and queue, the one
+//! pending command encoder that ops record into, the pipeline cache, and
+//! the device-lost and error state.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use wgpu::util::DeviceExt;
+
+use crate::memory::{GpuBuffer, MemoryPool};
+use crate::{DeviceInfo, Error, Result};
+
+/// Threads per workgroup of the one-dimensional kernels.
+pub(crate) const WG: u32 = 256;
+
+/// Dispatches recorded before the pending encoder is submitted without waiting.
+const DISPATCH_BUDGET: u32 = 1024;
+
+/// A WGSL module: `common.wgsl` followed by the family's file.
+pub(crate) struct Kernel {
+    pub name: &'static str,
+    pub source: &'static str,
+    /// Number of read-only storage inputs (bindings 1..=inputs); the output
+    /// is the read-write binding after them, the uniform params binding 0.
+    pub inputs: usize,
+}
+
+type PipelineKey = (&'static str, Vec<(&'static str, u64)>);
+
+struct Pending {
+    encoder: Option<wgpu::CommandEncoder>,
+    dispatches: u32,
+}
+
+pub(crate) struct Context {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub pool: Arc<MemoryPool>,
+    name: String,
+    max_groups: u32,
+    modules: Mutex<HashMap<&'static str, wgpu::ShaderModule>>,
+    pipelines: Mutex<HashMap<PipelineKey, wgpu::ComputePipeline>>,
+    layouts: Mutex<HashMap<usize, (wgpu::BindGroupLayout, wgpu::PipelineLayout)>>,
+    pending: Mutex<Pending>,
+    lost: Arc<Mutex<Option<String>>>,
+    error: Arc<Mutex<Option<String>>>,
+}
+
+/// Locks a mutex whose data stays valid even if a holder panicked.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Context {
+    pub fn new(adapter: &wgpu::Adapter, info: &DeviceInfo) -> Result<Self> {
+        let wanted =
+            wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY;
+        let desc = wgpu::DeviceDescriptor {
+            label: Some("silica"),
+            required_features: adapter.features() & wanted,
+            required_limits: adapter.limits(),
+            memory_hints: wgpu::MemoryHints::Performance,
+            ..Default::default()
+        };
+        let (device, queue) =
+            pollster::block_on(adapter.request_device(&desc)).map_err(|e| Error::Gpu {
+                device: info.name.clone(),
+                msg: format!("could not open the device: {e}"),
+            })?;
+        let lost = Arc::new(Mutex::new(None));
+        let error = Arc::new(Mutex::new(None));
+        {
+            let lost = lost.clone();
+            device.set_device_lost_callback(move |reason, msg| {
+                *lock(&lost) = Some(format!("{reason:?}: {msg}"));
+            });
+            let error = error.clone();
+            device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+                lock(&error).get_or_insert_with(|| e.to_string());
+            }));
+        }
+        let limits = device.limits();
+        let pool = Arc::new(MemoryPool::new(
+            device.clone(),
+            info.name.clone(),
+            limits
+                .max_storage_buffer_binding_size
+                .min(limits.max_buffer_size),
+        ));
+        Ok(Self {
+            device,
+            queue,
+            pool,
+            name: info.name.clone(),
+            max_groups: limits.max_compute_workgroups_per_dimension,
+            modules: Mutex::new(HashMap::new()),
+            pipelines: Mutex::new(HashMap::new()),
+            layouts: Mutex::new(HashMap::new()),
+            pending: Mutex::new(Pending {
+                encoder: None,
+                dispatches: 0,
+            }),
+            lost,
+            error,
+        })
+    }
+
+    pub fn lost_reason(&self) -> Option<String> {
+        lock(&self.lost).clone()
+    }
+
+    pub fn check_alive(&self) -> Result<()> {
+        match self.lost_reason() {
+            Some(reason) => Err(Error::DeviceLost {
+                device: self.name.clone(),
+                reason,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Turns a wgpu error reported since the last check into an `Error`.
+    fn take_error(&self) -> Result<()> {
+        self.check_alive()?;
+        match lock(&self.error).take() {
+            Some(msg) => Err(Error::Gpu {
+                device: self.name.clone(),
+                msg,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    fn gpu_err(&self, msg: impl std::fmt::Display) -> Error {
+        match self.lost_reason() {
+            Some(reason) => Error::DeviceLost {
+                device: self.name.clone(),
+                reason,
+            },
+            None => Error::Gpu {
+                device: self.name.clone(),
+                msg: msg.to_string(),
+            },
+        }
+    }
+
+    /// Runs `f` on the pending encoder, creating it if needed.
+    fn record<R>(&self, f: impl FnOnce(&mut wgpu::CommandEncoder) -> R) -> R {
+        let mut p = lock(&self.pending);
+        let enc = p.encoder.get_or_insert_with(|| {
+            self.device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("silica ops"),
+                })
+        });
+        f(enc)
+    }
+
+    /// Submits the pending encoder (without waiting for it).
+    pub fn flush(&self) {
+        let mut p = lock(&self.pending);
+        p.dispatches = 0;
+        if let Some(enc) = p.encoder.take() {
+            self.queue.submit([enc.finish()]);
+        }
+    }
+
+    /// Submits pending work and waits for the device to finish it.
+    pub fn synchronize(&self) -> Result<()> {
+        self.check_alive()?;
+        self.flush();
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| self.gpu_err(e))?;
+        self.take_error()
+    }
+
+    /// Records a copy of `data` into the start of `dst`.
+    pub fn write(&self, dst: &GpuBuffer, data: &[u8]) -> Result<()> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        let padded = (data.len() as u64).next_multiple_of(4);
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("silica upload"),
+            size: padded,
+            usage: wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: true,
+        });
+        {
+            let mut view = staging
+                .get_mapped_range_mut(..)
+                .map_err(|e| self.gpu_err(e))?;
+            view.slice(..data.len()).copy_from_slice(data);
+        }
+        staging.unmap();
+        self.record(|enc| enc.copy_buffer_to_buffer(&staging, 0, dst.raw(), 0, padded));
+        Ok(())
+    }
+
+    /// Records zeroing of a whole buffer.
+    pub fn clear(&self, buf: &GpuBuffer) {
+        self.record(|enc| enc.clear_buffer(buf.raw(), 0, None));
+    }
+
+    /// Reads `size` bytes at `offset` (both multiples of 4), waiting for all pending work.
+    pub fn read(&self, src: &wgpu::Buffer, offset: u64, size: u64) -> Result<Vec<u8>> {
+        self.check_alive()?;
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("silica read-back"),
+            size,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        self.record(|enc| enc.copy_buffer_to_buffer(src, offset, &staging, 0, size));
+        self.flush();
+        let (tx, rx) = std::sync::mpsc::channel();
+        staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| self.gpu_err(e))?;
+        match rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(self.gpu_err(format!("read-back failed: {e}"))),
+            Err(_) => return Err(self.gpu_err("read-back was never completed")),
+        }
+        self.take_error()?;
+        let bytes = staging
+            .slice(..)
+            .get_mapped_range()
+            .map_err(|e| self.gpu_err(e))?
+            .to_vec();
+        staging.unmap();
+        Ok(bytes)
+    }
+
+    /// Workgroup counts for `groups` workgroups, split over x and y when
+    /// one dimension is not enough. Kernels rebuild the linear index as
+    /// `wid.y * num_workgroups.x + wid.x`.
+    pub fn grid(&self, groups: u32) -> [u32; 3] {
+        if groups <= self.max_groups {
+            [groups.max(1), 1, 1]
+        } else {
+            let x = self.max_groups;
+            [x, groups.div_ceil(x), 1]
+        }
+    }
+
+    /// Workgroups for one thread per item, `WG` threads per workgroup.
+    pub fn grid_for_threads(&self, threads: usize) -> Result<[u32; 3]> {
+        let groups =
+            u32::try_from(threads.div_ceil(WG as usize)).map_err(|_| Error::NotSupported {
+                op: "dispatch",
+                reason: format!("{threads} threads exceed one dispatch"),
+            })?;
+        Ok(self.grid(groups))
+    }
+
+    pub fn max_groups(&self) -> u32 {
+        self.max_groups
+    }
+
+    fn layout(&self, inputs: usize) -> (wgpu::BindGroupLayout, wgpu::PipelineLayout) {
+        let mut layouts = lock(&self.layouts);
+        layouts
+            .entry(inputs)
+            .or_insert_with(|| {
+                let storage = |binding: u32, read_only: bool| wgpu::BindGroupLayoutEntry {
+                    binding,
+                    visibility: wgpu::ShaderStages::COMPUTE,
+                    ty: wgpu::BindingType::Buffer {
+                        ty: wgpu::BufferBindingType::Storage { read_only },
+                        has_dynamic_offset: false,
+                        min_binding_size: None,
+                    },
+                    count: None,
+                };
+                let mut entries = vec![wgpu::BindGroupLayoutEntry {
+                    binding: 0,
+                    visibility: wgpu::ShaderStages::COMPUTE,
+                    ty: wgpu::BindingType::Buffer {
+                        ty: wgpu::BufferBindingType::Uniform,
+                        has_dynamic_offset: false,
+                        min_binding_size: None,
+                    },
+                    count: None,
+                }];
+                entries.extend((1..=inputs as u32).map(|b| storage(b, true)));
+                entries.push(storage(inputs as u32 + 1, false));
+                let bgl = self
+                    .device
+                    .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                        label: Some("silica kernel bindings"),
+                        entries: &entries,
+                    });
+                let pl = self
+                    .device
+                    .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                        label: Some("silica kernel layout"),
+                        bind_group_layouts: &[Some(&bgl)],
+                        immediate_size: 0,
+                    });
+                (bgl, pl)
+            })
+            .clone()
+    }
+
+    fn pipeline(
+        &self,
+        kernel: &Kernel,
+        constants: &[(&'static str, f64)],
+    ) -> Result<wgpu::ComputePipeline> {
+        let key: PipelineKey = (
+            kernel.name,
+            constants.iter().map(|&(k, v)| (k, v.to_bits())).collect(),
+        );
+        if let Some(p) = lock(&self.pipelines).get(&key) {
+            return Ok(p.clone());
+        }
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let module = lock(&self.modules)
+            .entry(kernel.name)
+            .or_insert_with(|| {
+                self.device
+                    .create_shader_module(wgpu::ShaderModuleDescriptor {
+                        label: Some(kernel.name),
+                        source: wgpu::ShaderSource::Wgsl(kernel.source.into()),
+                    })
+            })
+            .clone();
+        let (_, layout) = self.layout(kernel.inputs);
+        let pipeline = self
+            .device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(kernel.name),
+                layout: Some(&layout),
+                module: &module,
+                entry_point: Some("main"),
+                compilation_options: wgpu::PipelineCompilationOptions {
+                    constants,
+                    zero_initialize_workgroup_memory: false,
+                },
+                cache: None,
+            });
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(self.gpu_err(format!("kernel {} failed to build: {e}", kernel.name)));
+        }
+        lock(&self.pipelines).insert(key, pipeline.clone());
+        Ok(pipeline)
+    }
+
+    /// Records one kernel launch: `params` at binding 0, `inputs` at
+    /// bindings 1.., `output` after them.
+    pub fn dispatch(
+        &self,
+        kernel: &Kernel,
+        constants: &[(&'static str, f64)],
+        params: &[u8],
+        inputs: &[&wgpu::Buffer],
+        output: &wgpu::Buffer,
+        groups: [u32; 3],
+    ) -> Result<()> {
+        debug_assert_eq!(inputs.len(), kernel.inputs);
+        self.check_alive()?;
+        let pipeline = self.pipeline(kernel, constants)?;
+        let (bgl, _) = self.layout(kernel.inputs);
+        let uniform = self
+            .device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some("silica params"),
+                contents: params,
+                usage: wgpu::BufferUsages::UNIFORM,
+            });
+        let mut entries = vec![wgpu::BindGroupEntry {
+            binding: 0,
+            resource: uniform.as_entire_binding(),
+        }];
+        for (i, b) in inputs.iter().enumerate() {
+            entries.push(wgpu::BindGroupEntry {
+                binding: i as u32 + 1,
+                resource: b.as_entire_binding(),
+            });
+        }
+        entries.push(wgpu::BindGroupEntry {
+            binding: inputs.len() as u32 + 1,
+            resource: output.as_entire_binding(),
+        });
+        let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(kernel.name),
+            layout: &bgl,
+            entries: &entries,
+        });
+        let submit = {
+            let mut p = lock(&self.pending);
+            let enc = p.encoder.get_or_insert_with(|| {
+                self.device
+                    .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                        label: Some("silica ops"),
+                    })
+            });
+            {
+                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: Some(kernel.name),
+                    timestamp_writes: None,
+                });
+                pass.set_pipeline(&pipeline);
+                pass.set_bind_group(0, &bind_group, &[]);
+                pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+            }
+            p.dispatches += 1;
+            p.dispatches >= DISPATCH_BUDGET
+        };
+        if submit {
+            self.flush();
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,262 @@
+//! The GPU backend: wgpu devices, batched command encoding, pipelines, and
+//! the WGSL kernels (one `<family>.rs` launcher beside each `<family>.wgsl`).
+//!
+//! Every tensor buffer is bound to kernels as `array<u32>` whatever its
+//! dtype; `common.wgsl` converts elements to and from f32, in which all
+//! kernels compute. 16-bit elements sit two to a word, so a kernel thread
+//! writes whole words (two 16-bit elements) to avoid races between threads.
+
+mod context;
+mod copy;
+mod elementwise;
+mod matmul;
+mod reduce;
+#[cfg(test)]
+mod shader_tests;
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+pub use crate::memory::GpuBuffer;
+use crate::memory::MemoryPool;
+use crate::storage::{CpuStorage, Storage};
+use crate::{DType, DeviceInfo, Error, Op, Result, Tensor};
+pub(crate) use context::{Context, Kernel};
+
+/// An opened wgpu adapter: the device, its queue, its memory pool, its
+/// pipeline cache and its fallback counters.
+pub struct GpuDevice {
+    ctx: Context,
+    info: DeviceInfo,
+    strict: AtomicBool,
+    check: AtomicBool,
+    fallbacks: Mutex<BTreeMap<String, u64>>,
+    disabled: Mutex<HashSet<&'static str>>,
+}
+
+/// One line of the fallback report: an op that ran on the CPU instead.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FallbackCount {
+    /// `op/dtype`, for example `matmul/bf16`.
+    pub op: String,
+    pub count: u64,
+}
+
+fn env_flag(name: &str) -> bool {
+    std::env::var(name).is_ok_and(|v| !matches!(v.trim(), "" | "0" | "false"))
+}
+
+impl GpuDevice {
+    pub(crate) fn open(adapter: &wgpu::Adapter, info: DeviceInfo) -> Result<Self> {
+        Ok(Self {
+            ctx: Context::new(adapter, &info)?,
+            info,
+            strict: AtomicBool::new(env_flag("SILICA_STRICT")),
+            check: AtomicBool::new(env_flag("SILICA_CHECK")),
+            fallbacks: Mutex::new(BTreeMap::new()),
+            disabled: Mutex::new(HashSet::new()),
+        })
+    }
+
+    pub fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    pub(crate) fn memory(&self) -> &Arc<MemoryPool> {
+        &self.ctx.pool
+    }
+
+    pub fn is_lost(&self) -> bool {
+        self.ctx.lost_reason().is_some()
+    }
+
+    pub(crate) fn check_alive(&self) -> Result<()> {
+        self.ctx.check_alive()
+    }
+
+    pub fn synchronize(&self) -> Result<()> {
+        self.ctx.synchronize()
+    }
+
+    /// Strict mode: a missing kernel is an error instead of a CPU fallback.
+    /// Starts as `SILICA_STRICT`.
+    pub fn set_strict(&self, on: bool) {
+        self.strict.store(on, Ordering::Relaxed);
+    }
+
+    /// Check mode: every GPU op is re-run on the CPU and compared. Starts as `SILICA_CHECK`.
+    pub fn set_check(&self, on: bool) {
+        self.check.store(on, Ordering::Relaxed);
+    }
+
+    pub(crate) fn check_mode(&self) -> bool {
+        self.check.load(Ordering::Relaxed)
+    }
+
+    /// Ops that ran on the CPU because this device had no kernel, with counts.
+    pub fn fallback_report(&self) -> Vec<FallbackCount> {
+        let map = self.fallbacks.lock().unwrap_or_else(|e| e.into_inner());
+        map.iter()
+            .map(|(op, &count)| FallbackCount {
+                op: op.clone(),
+                count,
+            })
+            .collect()
+    }
+
+    /// Test hook: pretend this device has no kernel for the op named `name`
+    /// (as in [`Op::name`]), so that it falls back to the CPU.
+    #[doc(hidden)]
+    pub fn disable_kernel_for_testing(&self, name: &'static str) {
+        self.disabled
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(name);
+    }
+
+    /// Counts a CPU fallback and warns the first time; an error in strict mode.
+    pub(crate) fn record_fallback(&self, op: &Op, dtype: DType) -> Result<()> {
+        if self.strict.load(Ordering::Relaxed) {
+            return Err(Error::FallbackForbidden {
+                op: op.name(),
+                dtype,
+                device: self.info.name.clone(),
+            });
+        }
+        let key = format!("{}/{}", op.name(), dtype);
+        let mut map = self.fallbacks.lock().unwrap_or_else(|e| e.into_inner());
+        let count = map.entry(key).or_insert(0);
+        if *count == 0 {
+            tracing::warn!(
+                "{} ({dtype}) has no kernel on {}: running it on the CPU (SILICA_STRICT=1 makes this an error)",
+                op.name(),
+                self.info.name
+            );
+        }
+        *count += 1;
+        Ok(())
+    }
+
+    /// Whether a GPU kernel exists for `op` with inputs of these dtypes.
+    pub(crate) fn has_kernel(&self, op: &Op, inputs: &[&Tensor]) -> bool {
+        let dtypes: Vec<DType> = inputs.iter().map(|t| t.dtype()).collect();
+        self.supports(op, &dtypes)
+    }
+
+    /// Whether a GPU kernel exists for `op` with inputs of these dtypes
+    /// (what `silica devices --ops` prints).
+    pub fn supports(&self, op: &Op, dtypes: &[DType]) -> bool {
+        if self
+            .disabled
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(op.name())
+        {
+            return false;
+        }
+        match op {
+            // bitwise kernels: any dtype
+            Op::Copy | Op::Cat { .. } | Op::IndexSelect { .. } | Op::Cast => true,
+            // values pass through f32, exact for the float dtypes only
+            Op::Where => dtypes.get(1).is_some_and(|d| d.is_float()),
+            _ => dtypes.iter().all(|d| d.is_float()),
+        }
+    }
+
+    pub(crate) fn execute(
+        &self,
+        op: &Op,
+        inputs: &[&Tensor],
+        out_shape: &[usize],
+        out_dtype: DType,
+    ) -> Result<Storage> {
+        let n: usize = out_shape.iter().product();
+        let out = self
+            .ctx
+            .pool
+            .alloc((n * out_dtype.size_in_bytes()) as u64)?;
+        if n == 0 {
+            return Ok(Storage::Gpu(out));
+        }
+        let c = &self.ctx;
+        match *op {
+            Op::Unary(u) => elementwise::unary(c, u as u32, inputs[0], &out, out_dtype)?,
+            Op::BinaryScalar(b, s) => {
+                elementwise::binary(c, b as u32, inputs[0], None, s, &out, out_dtype)?
+            }
+            Op::Binary(b) => elementwise::binary(
+                c,
+                b as u32,
+                inputs[0],
+                Some(inputs[1]),
+                0.0,
+                &out,
+                out_dtype,
+            )?,
+            Op::Compare(cmp) => {
+                let code = elementwise::CMP_BASE + cmp as u32;
+                elementwise::binary(c, code, inputs[0], Some(inputs[1]), 0.0, &out, out_dtype)?
+            }
+            Op::Where => elementwise::where_cond(c, inputs, &out, out_dtype)?,
+            Op::Cast => {
+                if inputs[0].dtype().is_float() || out_dtype.is_float() {
+                    elementwise::unary(c, elementwise::OP_CAST, inputs[0], &out, out_dtype)?
+                } else {
+                    copy::copy(c, inputs[0], &out, out_dtype)?
+                }
+            }
+            Op::Copy => copy::copy(c, inputs[0], &out, out_dtype)?,
+            Op::Cat { axis } => copy::cat(c, inputs, axis, out_shape, &out)?,
+            Op::IndexSelect { axis } => {
+                copy::index_select(c, inputs[0], inputs[1], axis, out_shape, &out)?
+            }
+            Op::Reduce(r) => reduce::reduce(c, r, inputs[0], &out, out_dtype)?,
+            Op::Softmax { log } => reduce::softmax(c, log, inputs[0], &out, out_dtype)?,
+            Op::Matmul => matmul::matmul(c, inputs[0], inputs[1], out_shape, &out, out_dtype)?,
+        }
+        Ok(Storage::Gpu(out))
+    }
+
+    /// Copies host elements into a new device buffer.
+    pub(crate) fn upload(&self, data: &CpuStorage) -> Result<GpuBuffer> {
+        self.ctx.check_alive()?;
+        let buf = self.ctx.pool.alloc(data.as_bytes().len() as u64)?;
+        self.ctx.write(&buf, data.as_bytes())?;
+        Ok(buf)
+    }
+
+    /// A buffer of `bytes` zero bytes.
+    pub(crate) fn zeros(&self, bytes: usize) -> Result<GpuBuffer> {
+        self.ctx.check_alive()?;
+        let buf = self.ctx.pool.alloc(bytes as u64)?;
+        self.ctx.clear(&buf);
+        Ok(buf)
+    }
+
+    /// Reads `n` contiguous elements starting at element `offset`.
+    pub(crate) fn download(
+        &self,
+        buf: &GpuBuffer,
+        offset: usize,
+        n: usize,
+        dtype: DType,
+    ) -> Result<CpuStorage> {
+        let es = dtype.size_in_bytes() as u64;
+        let start = offset as u64 * es;
+        let end = start + n as u64 * es;
+        if n == 0 {
+            return Ok(CpuStorage::from_bytes(dtype, &[]));
+        }
+        // copies must start and end on 4-byte boundaries
+        let aligned = start & !3;
+        let bytes = self
+            .ctx
+            .read(buf.raw(), aligned, end.next_multiple_of(4) - aligned)?;
+        let skip = (start - aligned) as usize;
+        Ok(CpuStorage::from_bytes(
+            dtype,
+            &bytes[skip..skip + (end - start) as usize],
+        ))
+    }
+}

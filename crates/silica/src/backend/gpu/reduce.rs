@@ -1,0 +1,113 @@
+//! Launchers of the row kernels: reductions and softmax.
+
+use super::elementwise::{buffer, pack, params, to_u32, via_f32};
+use super::{Context, Kernel};
+use crate::memory::GpuBuffer;
+use crate::ops::ReduceOp;
+use crate::{DType, Layout, Result, Tensor};
+
+pub(crate) static REDUCE: Kernel = Kernel {
+    name: "reduce",
+    source: concat!(include_str!("common.wgsl"), include_str!("reduce.wgsl")),
+    inputs: 1,
+};
+pub(crate) static SOFTMAX: Kernel = Kernel {
+    name: "softmax",
+    source: concat!(include_str!("common.wgsl"), include_str!("softmax.wgsl")),
+    inputs: 1,
+};
+
+/// Rows of the last dimension of `x`: (row count, params).
+fn row_params(x: &Tensor) -> Result<(usize, Vec<u8>)> {
+    let l = x.layout();
+    let r = l.rank();
+    let n = l.shape()[r - 1];
+    let outer = Layout::new(
+        l.shape()[..r - 1].to_vec(),
+        l.strides()[..r - 1].to_vec(),
+        0,
+    );
+    let rows = outer.numel();
+    let outer = &Layout::coalesce(&[&outer])[0];
+    let header = [
+        to_u32(rows, "row count")?,
+        to_u32(n, "row length")?,
+        outer.rank() as u32,
+        to_u32(l.offset(), "offset")?,
+        to_u32(l.strides()[r - 1], "stride")?,
+    ];
+    Ok((
+        rows,
+        params(&header, &[pack(outer.shape())?, pack(outer.strides())?]),
+    ))
+}
+
+pub(crate) fn reduce(
+    ctx: &Context,
+    op: ReduceOp,
+    x: &Tensor,
+    out: &GpuBuffer,
+    out_dtype: DType,
+) -> Result<()> {
+    let (rows, bytes) = row_params(x)?;
+    let units = match out_dtype {
+        DType::F16 | DType::BF16 => rows.div_ceil(2),
+        _ => rows,
+    };
+    ctx.dispatch(
+        &REDUCE,
+        &[
+            ("OP", op as u32 as f64),
+            ("SRC_DT", x.dtype().gpu_code() as f64),
+            ("OUT_DT", out_dtype.gpu_code() as f64),
+        ],
+        &bytes,
+        &[buffer(x)],
+        out.raw(),
+        ctx.grid(to_u32(units, "row count")?),
+    )
+}
+
+pub(crate) fn softmax(
+    ctx: &Context,
+    log: bool,
+    x: &Tensor,
+    out: &GpuBuffer,
+    out_dtype: DType,
+) -> Result<()> {
+    let (rows, bytes) = row_params(x)?;
+    via_f32(ctx, x.shape(), out, out_dtype, |dst, dt| {
+        ctx.dispatch(
+            &SOFTMAX,
+            &[
+                ("LOG", if log { 1.0 } else { 0.0 }),
+                ("SRC_DT", x.dtype().gpu_code() as f64),
+                ("OUT_DT", dt.gpu_code() as f64),
+            ],
+            &bytes,
+            &[buffer(x)],
+            dst.raw(),
+            ctx.grid(to_u32(rows, "row count")?),
+        )
+    })
+}
+
+#[cfg(test)]
+pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)>)> {
+    let mut out = Vec::new();
+    for dt in [0.0, 1.0, 2.0] {
+        for op in 0..6 {
+            let o = if op >= 4 { 3.0 } else { dt };
+            out.push((
+                &REDUCE,
+                vec![("OP", op as f64), ("SRC_DT", dt), ("OUT_DT", o)],
+            ));
+        }
+        for log in [0.0, 1.0] {
+            for o in [dt, 0.0] {
+                out.push((&SOFTMAX, vec![("LOG", log), ("SRC_DT", dt), ("OUT_DT", o)]));
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,116 @@
+//! Runs an op on the device of its inputs, falling back to the CPU where
+//! the GPU has no kernel (ARCHITECTURE.md §3).
+
+use crate::backend::Backend;
+use crate::backend::cpu::CpuBackend;
+use crate::storage::{CpuStorage, Storage};
+use crate::{DType, Device, Error, Op, Result, Tensor};
+
+/// Runs `op` on `inputs` (all on one device), producing a new contiguous
+/// tensor of `out_shape` and `out_dtype` on that device.
+pub(crate) fn run(
+    op: Op,
+    inputs: &[&Tensor],
+    out_shape: Vec<usize>,
+    out_dtype: DType,
+) -> Result<Tensor> {
+    let first = inputs[0];
+    if !op.accepts(first.dtype()) {
+        return Err(Error::UnsupportedDType {
+            op: op.name(),
+            dtype: first.dtype(),
+        });
+    }
+    let device = first.device().clone();
+    match &device {
+        Device::Cpu => {
+            let out = CpuBackend.execute(&op, inputs, &out_shape, out_dtype)?;
+            Ok(Tensor::from_parts(out, &out_shape, out_dtype, device))
+        }
+        Device::Gpu(g) => {
+            g.check_alive()?;
+            if g.has_kernel(&op, inputs) {
+                match g.execute(&op, inputs, &out_shape, out_dtype) {
+                    Ok(out) => {
+                        let t = Tensor::from_parts(out, &out_shape, out_dtype, device.clone());
+                        if g.check_mode() {
+                            check_against_cpu(&op, inputs, &t)?;
+                        }
+                        return Ok(t);
+                    }
+                    Err(Error::NotSupported { .. }) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            g.record_fallback(&op, first.dtype())?;
+            let out = run_on_cpu(&op, inputs, &out_shape, out_dtype)?;
+            Tensor::from_cpu(out, &out_shape, &device)
+        }
+    }
+}
+
+/// Runs `op` with the CPU kernel on host copies of `inputs`.
+fn run_on_cpu(
+    op: &Op,
+    inputs: &[&Tensor],
+    out_shape: &[usize],
+    out_dtype: DType,
+) -> Result<CpuStorage> {
+    let host: Vec<Tensor> = inputs
+        .iter()
+        .map(|t| t.to_device(&Device::Cpu))
+        .collect::<Result<_>>()?;
+    let refs: Vec<&Tensor> = host.iter().collect();
+    match CpuBackend.execute(op, &refs, out_shape, out_dtype)? {
+        Storage::Cpu(c) => Ok(c),
+        // invariant: the CPU backend only produces host storage
+        Storage::Gpu(_) => unreachable!("the CPU backend returned GPU storage"),
+    }
+}
+
+/// Tolerance of `SILICA_CHECK` for results of `dtype`: |gpu - cpu| <= tol * (1 + |cpu|).
+fn check_tolerance(op: &Op, dtype: DType) -> f64 {
+    let base = match dtype {
+        DType::F32 => 1e-4,
+        DType::F16 => 2e-3,
+        DType::BF16 => 1.6e-2,
+        DType::U32 | DType::I64 => 0.0,
+    };
+    match op {
+        // sums of many rounded products
+        Op::Matmul | Op::Reduce(_) => base * 10.0,
+        _ => base,
+    }
+}
+
+/// `SILICA_CHECK=1`: compares a GPU result with the CPU kernel's.
+fn check_against_cpu(op: &Op, inputs: &[&Tensor], gpu_out: &Tensor) -> Result<()> {
+    let reference = run_on_cpu(op, inputs, gpu_out.shape(), gpu_out.dtype())?.to_f64();
+    let got = gpu_out.to_f64_vec()?;
+    let tol = check_tolerance(op, gpu_out.dtype());
+    let mut worst: Option<(usize, f64)> = None;
+    for (i, (g, r)) in got.iter().zip(&reference).enumerate() {
+        let both_nan = g.is_nan() && r.is_nan();
+        let err = if both_nan || g == r {
+            0.0
+        } else {
+            (g - r).abs()
+        };
+        let bad = err.is_nan() || err > tol * (1.0 + r.abs());
+        if bad && worst.is_none_or(|(_, w)| err > w || err.is_nan()) {
+            worst = Some((i, err));
+        }
+    }
+    match worst {
+        None => Ok(()),
+        Some((index, max_abs_err)) => Err(Error::CheckFailed {
+            op: op.name(),
+            device: gpu_out.device().to_string(),
+            dtype: inputs[0].dtype(),
+            shapes: inputs.iter().map(|t| t.shape().to_vec()).collect(),
+            max_abs_err,
+            index,
+            tolerance: tol,
+        }),
+    }
+}

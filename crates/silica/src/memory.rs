@@ -1,0 +1,220 @@
+//! The GPU caching allocator and its counters.
+//!
+//! Buffers are rounded up to size classes (at most 1/8 waste above 256
+//! bytes) and kept in per-class free lists when their tensors drop, so a
+//! steady workload stops allocating after its first iteration, as PyTorch's
+//! CUDA caching allocator does.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::{Error, Result};
+
+/// Memory counters of a device, in bytes (like `torch.cuda.memory_stats`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryStats {
+    /// Bytes held by live tensors (rounded to size classes).
+    pub allocated: u64,
+    /// Bytes of device buffers silica holds: allocated plus cached.
+    pub reserved: u64,
+    /// The largest `allocated` since the device opened or `reset_peak_memory`.
+    pub peak_allocated: u64,
+    /// Buffers held by live tensors.
+    pub live_buffers: u64,
+    /// Free buffers kept for reuse.
+    pub cached_buffers: u64,
+    /// The cap set with `Device::set_memory_limit`.
+    pub limit: Option<u64>,
+}
+
+#[derive(Default)]
+struct PoolState {
+    free: BTreeMap<u64, Vec<wgpu::Buffer>>,
+    stats: MemoryStats,
+}
+
+/// Hands out device buffers and takes them back.
+pub(crate) struct MemoryPool {
+    device: wgpu::Device,
+    device_name: String,
+    max_binding: u64,
+    state: Mutex<PoolState>,
+}
+
+/// Buffer usage of every tensor buffer.
+pub(crate) const TENSOR_USAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
+    .union(wgpu::BufferUsages::COPY_SRC)
+    .union(wgpu::BufferUsages::COPY_DST);
+
+/// The size class of a request: multiples of 256 bytes up to 2 KiB, then
+/// eight steps per power of two.
+pub(crate) fn size_class(bytes: u64) -> u64 {
+    let b = bytes.max(4);
+    if b <= 2048 {
+        return b.div_ceil(256) * 256;
+    }
+    let step = b.next_power_of_two() / 16;
+    b.div_ceil(step) * step
+}
+
+/// A device buffer owned by a tensor storage; it returns to the pool on drop.
+pub struct GpuBuffer {
+    buffer: Option<wgpu::Buffer>,
+    class: u64,
+    pool: Arc<MemoryPool>,
+}
+
+impl GpuBuffer {
+    pub(crate) fn raw(&self) -> &wgpu::Buffer {
+        // invariant: `buffer` is only taken in `drop`
+        self.buffer.as_ref().expect("GpuBuffer used after drop")
+    }
+}
+
+impl Drop for GpuBuffer {
+    fn drop(&mut self) {
+        if let Some(b) = self.buffer.take() {
+            self.pool.release(b, self.class);
+        }
+    }
+}
+
+impl MemoryPool {
+    pub fn new(device: wgpu::Device, device_name: String, max_binding: u64) -> Self {
+        Self {
+            device,
+            device_name,
+            max_binding,
+            state: Mutex::new(PoolState::default()),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, PoolState> {
+        // The state is plain counters and lists, valid after any panic.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn stats(&self) -> MemoryStats {
+        self.lock().stats
+    }
+
+    pub fn set_limit(&self, limit: Option<u64>) {
+        self.lock().stats.limit = limit;
+    }
+
+    pub fn reset_peak(&self) {
+        let mut s = self.lock();
+        s.stats.peak_allocated = s.stats.allocated;
+    }
+
+    pub fn empty_cache(&self) {
+        Self::drop_cached(&mut self.lock());
+    }
+
+    fn drop_cached(s: &mut PoolState) {
+        for (class, bufs) in std::mem::take(&mut s.free) {
+            s.stats.reserved -= class * bufs.len() as u64;
+            s.stats.cached_buffers -= bufs.len() as u64;
+            // Dropped, not destroyed: work still pending may use them;
+            // wgpu frees each once the device is done with it.
+            drop(bufs);
+        }
+    }
+
+    fn release(&self, buffer: wgpu::Buffer, class: u64) {
+        let mut s = self.lock();
+        s.stats.allocated -= class;
+        s.stats.live_buffers -= 1;
+        s.stats.cached_buffers += 1;
+        s.free.entry(class).or_default().push(buffer);
+    }
+
+    fn oom(&self, requested: u64, s: &PoolState) -> Error {
+        Error::OutOfMemory {
+            device: self.device_name.clone(),
+            requested,
+            allocated: s.stats.allocated,
+            limit: s.stats.limit,
+        }
+    }
+
+    /// A buffer of at least `bytes` bytes (contents undefined).
+    pub fn alloc(self: &Arc<Self>, bytes: u64) -> Result<GpuBuffer> {
+        let bytes = bytes.max(4).next_multiple_of(4);
+        if bytes > self.max_binding {
+            return Err(Error::TooLarge {
+                device: self.device_name.clone(),
+                bytes,
+                max: self.max_binding,
+            });
+        }
+        let class = size_class(bytes).min(self.max_binding);
+        let mut s = self.lock();
+        let reused = s.free.get_mut(&class).and_then(|v| v.pop());
+        let buffer = match reused {
+            Some(b) => {
+                s.stats.cached_buffers -= 1;
+                b
+            }
+            None => {
+                if let Some(limit) = s.stats.limit
+                    && s.stats.reserved + class > limit
+                {
+                    Self::drop_cached(&mut s);
+                    if s.stats.reserved + class > limit {
+                        return Err(self.oom(bytes, &s));
+                    }
+                }
+                let b = match self.create(class) {
+                    Some(b) => b,
+                    None => {
+                        // the driver is out of memory: free the cache and try once more
+                        Self::drop_cached(&mut s);
+                        self.create(class).ok_or_else(|| self.oom(bytes, &s))?
+                    }
+                };
+                s.stats.reserved += class;
+                b
+            }
+        };
+        s.stats.allocated += class;
+        s.stats.live_buffers += 1;
+        s.stats.peak_allocated = s.stats.peak_allocated.max(s.stats.allocated);
+        Ok(GpuBuffer {
+            buffer: Some(buffer),
+            class,
+            pool: self.clone(),
+        })
+    }
+
+    /// Creates a buffer, catching out-of-memory and validation errors in an
+    /// error scope instead of wgpu's default (panicking) handler.
+    fn create(&self, size: u64) -> Option<wgpu::Buffer> {
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let inner = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("silica tensor"),
+            size,
+            usage: TENSOR_USAGE,
+            mapped_at_creation: false,
+        });
+        let invalid = pollster::block_on(inner.pop()).is_some();
+        let oom = pollster::block_on(scope.pop()).is_some();
+        (!invalid && !oom).then_some(buffer)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::size_class;
+
+    #[test]
+    fn size_classes_bound_the_waste() {
+        assert_eq!(size_class(1), 256);
+        assert_eq!(size_class(2048), 2048);
+        for b in [2049u64, 3000, 4097, 1 << 20, (1 << 20) + 1, 123_456_789] {
+            let c = size_class(b);
+            assert!(c >= b && c - b <= b / 8 + 1, "{b} -> {c}");
+        }
+    }
+}

@@ -1,0 +1,78 @@
+//! Matrix products with batch broadcasting.
+
+use crate::dispatch::run;
+use crate::layout::broadcast_shapes;
+use crate::{Error, Op, Result, Tensor};
+
+impl Tensor {
+    /// Matrix product as `torch.matmul` defines it: `[.., M, K] @ [.., K, N]`
+    /// with the batch dimensions broadcast; a 1-D operand is treated as a row
+    /// (left) or column (right) vector and its dimension removed from the
+    /// result. Operands may be transposed or strided views: no copy is made.
+    ///
+    /// ```
+    /// # use silica::{Device, DType, Tensor};
+    /// let dev = Device::cpu();
+    /// let a = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[2, 2], &dev)?;
+    /// let c = a.matmul(&a.t()?)?;
+    /// assert_eq!(c.to_vec::<f32>()?, vec![5.0, 11.0, 11.0, 25.0]);
+    /// # Ok::<(), silica::Error>(())
+    /// ```
+    pub fn matmul(&self, rhs: &Tensor) -> Result<Tensor> {
+        let op = "matmul";
+        self.same_device(rhs, op)?;
+        if self.dtype() != rhs.dtype() {
+            return Err(Error::DTypeMismatch {
+                op,
+                lhs: self.dtype(),
+                rhs: rhs.dtype(),
+            });
+        }
+        if self.rank() == 0 || rhs.rank() == 0 {
+            return Err(Error::ShapeMismatch {
+                op,
+                lhs: self.shape().to_vec(),
+                rhs: rhs.shape().to_vec(),
+                hint: "matmul needs operands of rank 1 or more".into(),
+            });
+        }
+        let a = if self.rank() == 1 {
+            self.unsqueeze(0)?
+        } else {
+            self.clone()
+        };
+        let b = if rhs.rank() == 1 {
+            rhs.unsqueeze(1)?
+        } else {
+            rhs.clone()
+        };
+        let (ar, br) = (a.rank(), b.rank());
+        let (m, k) = (a.shape()[ar - 2], a.shape()[ar - 1]);
+        let (k2, n) = (b.shape()[br - 2], b.shape()[br - 1]);
+        if k != k2 {
+            return Err(Error::ShapeMismatch {
+                op,
+                lhs: self.shape().to_vec(),
+                rhs: rhs.shape().to_vec(),
+                hint: format!("inner dimensions {k} and {k2} differ"),
+            });
+        }
+        let batch = broadcast_shapes(op, &a.shape()[..ar - 2], &b.shape()[..br - 2])?;
+        let mut a_shape = batch.clone();
+        a_shape.extend([m, k]);
+        let mut b_shape = batch.clone();
+        b_shape.extend([k, n]);
+        let a = a.broadcast_to(&a_shape)?;
+        let b = b.broadcast_to(&b_shape)?;
+        let mut out_shape = batch;
+        out_shape.extend([m, n]);
+        let mut out = run(Op::Matmul, &[&a, &b], out_shape, self.dtype())?;
+        if rhs.rank() == 1 {
+            out = out.squeeze(-1)?;
+        }
+        if self.rank() == 1 {
+            out = out.squeeze(-2)?;
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,96 @@
+//! The ops every backend implements, and the `Tensor` methods that check
+//! their arguments and dispatch them.
+//!
+//! An op is a small value ([`Op`]) that names its kernel and carries its
+//! parameters; the CPU scalar function of each elementwise op sits beside its
+//! definition so that adding an op touches few places.
+
+mod binary;
+mod index;
+mod matmul;
+mod reduce;
+mod unary;
+
+pub use binary::{BinaryOp, CmpOp};
+pub use reduce::ReduceOp;
+pub use unary::UnaryOp;
+
+use crate::DType;
+
+/// One operation as the backends see it. Shapes are already checked and
+/// broadcast by the `Tensor` method; outputs are always new contiguous tensors.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Op {
+    /// `f(x)` elementwise.
+    Unary(UnaryOp),
+    /// `f(a, b)` elementwise; both inputs already have the output's shape
+    /// (broadcast dimensions have stride 0).
+    Binary(BinaryOp),
+    /// `f(a, scalar)` elementwise.
+    BinaryScalar(BinaryOp, f32),
+    /// `a <cmp> b` elementwise, producing a `U32` mask of 0s and 1s.
+    Compare(CmpOp),
+    /// `cond != 0 ? a : b` elementwise over three inputs of one shape.
+    Where,
+    /// Reduction of the last dimension of the input.
+    Reduce(ReduceOp),
+    /// Softmax (or log-softmax) over the last dimension.
+    Softmax { log: bool },
+    /// `a [.., M, K] @ b [.., K, N]`, batch dimensions already broadcast.
+    Matmul,
+    /// Conversion to the output dtype.
+    Cast,
+    /// A contiguous copy of a strided view (bitwise, any dtype).
+    Copy,
+    /// Concatenation of all inputs along `axis`.
+    Cat { axis: usize },
+    /// `out = src.index_select(axis, indices)`; inputs are `[src, indices]`.
+    IndexSelect { axis: usize },
+}
+
+impl Op {
+    /// The name used in fallback reports, errors and the `--ops` table.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Unary(u) => u.name(),
+            Op::Binary(b) => b.name(),
+            Op::BinaryScalar(b, _) => b.scalar_name(),
+            Op::Compare(c) => c.name(),
+            Op::Where => "where",
+            Op::Reduce(r) => r.name(),
+            Op::Softmax { log: false } => "softmax",
+            Op::Softmax { log: true } => "log_softmax",
+            Op::Matmul => "matmul",
+            Op::Cast => "to_dtype",
+            Op::Copy => "contiguous",
+            Op::Cat { .. } => "cat",
+            Op::IndexSelect { .. } => "index_select",
+        }
+    }
+
+    /// One representative of every op, for reports and tests.
+    pub fn catalogue() -> Vec<Op> {
+        let mut ops: Vec<Op> = UnaryOp::ALL.iter().map(|&u| Op::Unary(u)).collect();
+        ops.extend(BinaryOp::ALL.iter().map(|&b| Op::Binary(b)));
+        ops.extend(BinaryOp::ALL.iter().map(|&b| Op::BinaryScalar(b, 1.0)));
+        ops.extend(CmpOp::ALL.iter().map(|&c| Op::Compare(c)));
+        ops.push(Op::Where);
+        ops.extend(ReduceOp::ALL.iter().map(|&r| Op::Reduce(r)));
+        ops.push(Op::Softmax { log: false });
+        ops.push(Op::Softmax { log: true });
+        ops.push(Op::Matmul);
+        ops.push(Op::Cast);
+        ops.push(Op::Copy);
+        ops.push(Op::Cat { axis: 0 });
+        ops.push(Op::IndexSelect { axis: 0 });
+        ops
+    }
+
+    /// Whether the op is defined for inputs of `dtype` at all (on any device).
+    pub fn accepts(&self, dtype: DType) -> bool {
+        match self {
+            Op::Cast | Op::Copy | Op::Cat { .. } | Op::IndexSelect { .. } | Op::Where => true,
+            _ => dtype.is_float(),
+        }
+    }
+}

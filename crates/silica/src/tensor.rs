@@ -1,0 +1,422 @@
+//! The `Tensor` type: constructors, views and transfers.
+
+use std::sync::Arc;
+
+use rand::{Rng, SeedableRng};
+use rand_distr::StandardNormal;
+
+use crate::dispatch::run;
+use crate::layout::{Layout, normalize_dim};
+use crate::storage::{CpuStorage, Storage};
+use crate::{DType, Device, Element, Error, Op, Result};
+
+/// An n-dimensional array on a [`Device`].
+///
+/// A tensor is a view (a [`Layout`]) of a shared storage. Views such as
+/// [`Tensor::t`], [`Tensor::narrow`] and [`Tensor::broadcast_to`] copy nothing;
+/// ops produce new contiguous tensors. Cloning a tensor is cheap and shares
+/// the storage. Tensors are `Send + Sync`.
+///
+/// ```
+/// use silica::{DType, Device, Tensor};
+/// let dev = Device::cpu();
+/// let a = Tensor::randn(&[4, 3], DType::F32, 7, &dev)?;
+/// let b = a.matmul(&a.t()?)?.softmax(-1)?;
+/// assert_eq!(b.shape(), &[4, 4]);
+/// let rows: Vec<f32> = b.sum(-1, false)?.to_vec()?;
+/// assert!(rows.iter().all(|s| (s - 1.0).abs() < 1e-5));
+/// # Ok::<(), silica::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct Tensor {
+    storage: Arc<Storage>,
+    layout: Layout,
+    dtype: DType,
+    device: Device,
+}
+
+impl std::fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Tensor({:?}, {}, {})",
+            self.shape(),
+            self.dtype,
+            self.device
+        )
+    }
+}
+
+impl Tensor {
+    pub(crate) fn from_parts(
+        storage: Storage,
+        shape: &[usize],
+        dtype: DType,
+        device: Device,
+    ) -> Self {
+        Self {
+            storage: Arc::new(storage),
+            layout: Layout::contiguous(shape),
+            dtype,
+            device,
+        }
+    }
+
+    fn view(&self, layout: Layout) -> Tensor {
+        Tensor {
+            storage: self.storage.clone(),
+            layout,
+            dtype: self.dtype,
+            device: self.device.clone(),
+        }
+    }
+
+    pub(crate) fn storage(&self) -> &Storage {
+        &self.storage
+    }
+
+    pub fn shape(&self) -> &[usize] {
+        self.layout.shape()
+    }
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+    pub fn rank(&self) -> usize {
+        self.layout.rank()
+    }
+    pub fn numel(&self) -> usize {
+        self.layout.numel()
+    }
+    /// Size of dimension `dim` (negative counts from the end).
+    pub fn dim(&self, dim: isize) -> Result<usize> {
+        Ok(self.shape()[normalize_dim("dim", dim, self.shape())?])
+    }
+    pub fn is_contiguous(&self) -> bool {
+        self.layout.is_contiguous()
+    }
+
+    pub(crate) fn same_device(&self, other: &Tensor, op: &'static str) -> Result<()> {
+        if self.device.same(&other.device) {
+            Ok(())
+        } else {
+            Err(Error::DeviceMismatch {
+                op,
+                lhs: self.device.to_string(),
+                rhs: other.device.to_string(),
+            })
+        }
+    }
+
+    // ----- constructors -------------------------------------------------
+
+    /// A tensor holding `data` (row-major) with `shape`.
+    pub fn from_slice<T: Element>(data: &[T], shape: &[usize], device: &Device) -> Result<Tensor> {
+        let expected = checked_numel("from_slice", shape)?;
+        if expected != data.len() {
+            return Err(Error::ElementCount {
+                op: "from_slice",
+                shape: shape.to_vec(),
+                expected,
+                got: data.len(),
+            });
+        }
+        Tensor::from_cpu(CpuStorage::from_slice(data), shape, device)
+    }
+
+    /// Like [`Tensor::from_slice`], taking ownership of the vector.
+    pub fn from_vec<T: Element>(data: Vec<T>, shape: &[usize], device: &Device) -> Result<Tensor> {
+        Tensor::from_slice(&data, shape, device)
+    }
+
+    pub(crate) fn from_cpu(data: CpuStorage, shape: &[usize], device: &Device) -> Result<Tensor> {
+        let dtype = data.dtype();
+        let storage = match device {
+            Device::Cpu => Storage::Cpu(data),
+            Device::Gpu(g) => Storage::Gpu(g.upload(&data)?),
+        };
+        Ok(Tensor::from_parts(storage, shape, dtype, device.clone()))
+    }
+
+    /// A tensor filled with `value` (converted to `dtype`).
+    pub fn full(value: f64, shape: &[usize], dtype: DType, device: &Device) -> Result<Tensor> {
+        let n = checked_numel("full", shape)?;
+        if let (Device::Gpu(g), true) = (device, value == 0.0) {
+            let buf = g.zeros(n * dtype.size_in_bytes())?;
+            return Ok(Tensor::from_parts(
+                Storage::Gpu(buf),
+                shape,
+                dtype,
+                device.clone(),
+            ));
+        }
+        Tensor::from_cpu(CpuStorage::full(value, n, dtype), shape, device)
+    }
+
+    pub fn zeros(shape: &[usize], dtype: DType, device: &Device) -> Result<Tensor> {
+        Tensor::full(0.0, shape, dtype, device)
+    }
+
+    pub fn ones(shape: &[usize], dtype: DType, device: &Device) -> Result<Tensor> {
+        Tensor::full(1.0, shape, dtype, device)
+    }
+
+    /// `start, start + step, ..` below `end`, as a 1-D tensor.
+    pub fn arange(
+        start: f64,
+        end: f64,
+        step: f64,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Tensor> {
+        if step == 0.0 || !step.is_finite() || !start.is_finite() || !end.is_finite() {
+            return Err(Error::InvalidArgument {
+                op: "arange",
+                msg: format!(
+                    "start {start}, end {end} and step {step} must be finite, step non-zero"
+                ),
+            });
+        }
+        let n = ((end - start) / step).ceil().max(0.0) as usize;
+        let values: Vec<f64> = (0..n).map(|i| start + step * i as f64).collect();
+        Tensor::from_cpu(CpuStorage::from_f64(&values, dtype), &[n], device)
+    }
+
+    /// Standard normal samples from a seeded generator: the same seed gives
+    /// the same values on every device.
+    pub fn randn(shape: &[usize], dtype: DType, seed: u64, device: &Device) -> Result<Tensor> {
+        let n = checked_numel("randn", shape)?;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let values: Vec<f64> = (0..n)
+            .map(|_| rng.sample::<f64, _>(StandardNormal))
+            .collect();
+        Tensor::from_cpu(CpuStorage::from_f64(&values, dtype), shape, device)
+    }
+
+    /// Uniform samples in `[0, 1)` from a seeded generator.
+    pub fn rand(shape: &[usize], dtype: DType, seed: u64, device: &Device) -> Result<Tensor> {
+        let n = checked_numel("rand", shape)?;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let values: Vec<f64> = (0..n).map(|_| rng.random::<f64>()).collect();
+        Tensor::from_cpu(CpuStorage::from_f64(&values, dtype), shape, device)
+    }
+
+    // ----- transfers ------------------------------------------------------
+
+    /// The elements in row-major order. `T` must match the dtype.
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        if T::DTYPE != self.dtype {
+            return Err(Error::DTypeMismatch {
+                op: "to_vec",
+                lhs: self.dtype,
+                rhs: T::DTYPE,
+            });
+        }
+        let host = self.to_host()?;
+        host.into_vec::<T>().ok_or(Error::DTypeMismatch {
+            op: "to_vec",
+            lhs: self.dtype,
+            rhs: T::DTYPE,
+        })
+    }
+
+    /// The elements in row-major order as `f64` (any dtype).
+    pub fn to_f64_vec(&self) -> Result<Vec<f64>> {
+        Ok(self.to_host()?.to_f64())
+    }
+
+    /// A contiguous host copy of the elements of this view.
+    pub(crate) fn to_host(&self) -> Result<CpuStorage> {
+        match self.storage.as_ref() {
+            Storage::Cpu(c) => Ok(c.gather(&self.layout)),
+            Storage::Gpu(_) => {
+                let t = self.contiguous()?;
+                match (t.storage.as_ref(), &t.device) {
+                    (Storage::Gpu(b), Device::Gpu(g)) => {
+                        g.download(b, t.layout.offset(), t.numel(), t.dtype)
+                    }
+                    // invariant: contiguous() keeps the tensor on its device
+                    _ => unreachable!("contiguous moved a GPU tensor off its device"),
+                }
+            }
+        }
+    }
+
+    /// A copy on `device` (the same tensor when it is already there).
+    pub fn to_device(&self, device: &Device) -> Result<Tensor> {
+        if self.device.same(device) {
+            return Ok(self.clone());
+        }
+        let host = self.to_host()?;
+        Tensor::from_cpu(host, self.shape(), device)
+    }
+
+    /// Converts the elements to `dtype` (rounding to nearest even for f16/bf16).
+    pub fn to_dtype(&self, dtype: DType) -> Result<Tensor> {
+        if dtype == self.dtype {
+            return Ok(self.clone());
+        }
+        run(Op::Cast, &[self], self.shape().to_vec(), dtype)
+    }
+
+    /// A contiguous tensor with the same elements (the same tensor when it
+    /// already is contiguous).
+    pub fn contiguous(&self) -> Result<Tensor> {
+        if self.is_contiguous() {
+            return Ok(self.clone());
+        }
+        run(Op::Copy, &[self], self.shape().to_vec(), self.dtype)
+    }
+
+    /// A contiguous copy, even when the tensor already is contiguous.
+    pub fn copy(&self) -> Result<Tensor> {
+        run(Op::Copy, &[self], self.shape().to_vec(), self.dtype)
+    }
+
+    // ----- views ------------------------------------------------------------
+
+    /// Swaps two dimensions (a view).
+    pub fn transpose(&self, d0: isize, d1: isize) -> Result<Tensor> {
+        let a = normalize_dim("transpose", d0, self.shape())?;
+        let b = normalize_dim("transpose", d1, self.shape())?;
+        Ok(self.view(self.layout.transpose(a, b)))
+    }
+
+    /// Swaps the last two dimensions (a view); for a matrix, its transpose.
+    pub fn t(&self) -> Result<Tensor> {
+        if self.rank() < 2 {
+            return Err(Error::InvalidArgument {
+                op: "t",
+                msg: format!("needs rank 2 or more, got shape {:?}", self.shape()),
+            });
+        }
+        self.transpose(-2, -1)
+    }
+
+    /// Reorders the dimensions (a view): result dimension `i` is `perm[i]`.
+    pub fn permute(&self, perm: &[usize]) -> Result<Tensor> {
+        let mut seen = vec![false; self.rank()];
+        let valid = perm.len() == self.rank()
+            && perm
+                .iter()
+                .all(|&p| p < seen.len() && !std::mem::replace(&mut seen[p], true));
+        if !valid {
+            return Err(Error::InvalidArgument {
+                op: "permute",
+                msg: format!(
+                    "{perm:?} is not a permutation of the dimensions of {:?}",
+                    self.shape()
+                ),
+            });
+        }
+        Ok(self.view(self.layout.permute(perm)))
+    }
+
+    /// Entries `start..start + len` of dimension `dim` (a view).
+    pub fn narrow(&self, dim: isize, start: usize, len: usize) -> Result<Tensor> {
+        let d = normalize_dim("narrow", dim, self.shape())?;
+        let size = self.shape()[d];
+        if start.checked_add(len).is_none_or(|end| end > size) {
+            return Err(Error::InvalidArgument {
+                op: "narrow",
+                msg: format!(
+                    "range {start}..{} is outside dimension {d} of shape {:?}",
+                    start.saturating_add(len),
+                    self.shape()
+                ),
+            });
+        }
+        Ok(self.view(self.layout.narrow(d, start, len)))
+    }
+
+    /// Numpy-style broadcast to `shape` (a view with zero strides).
+    pub fn broadcast_to(&self, shape: &[usize]) -> Result<Tensor> {
+        let ok = shape.len() >= self.rank()
+            && self
+                .shape()
+                .iter()
+                .rev()
+                .zip(shape.iter().rev())
+                .all(|(&a, &b)| a == b || a == 1);
+        if !ok {
+            return Err(Error::ShapeMismatch {
+                op: "broadcast_to",
+                lhs: self.shape().to_vec(),
+                rhs: shape.to_vec(),
+                hint: "each dimension must match or be 1".into(),
+            });
+        }
+        if shape == self.shape() {
+            return Ok(self.clone());
+        }
+        Ok(self.view(self.layout.broadcast_to(shape)))
+    }
+
+    /// Inserts a size-1 dimension at `dim` (`-rank-1..=rank`).
+    pub fn unsqueeze(&self, dim: isize) -> Result<Tensor> {
+        let rank = self.rank() as isize;
+        let d = if dim < 0 { dim + rank + 1 } else { dim };
+        if d < 0 || d > rank {
+            return Err(Error::DimOutOfRange {
+                op: "unsqueeze",
+                dim,
+                shape: self.shape().to_vec(),
+            });
+        }
+        Ok(self.view(self.layout.unsqueeze(d as usize)))
+    }
+
+    /// Removes dimension `dim`, which must have size 1.
+    pub fn squeeze(&self, dim: isize) -> Result<Tensor> {
+        let d = normalize_dim("squeeze", dim, self.shape())?;
+        if self.shape()[d] != 1 {
+            return Err(Error::InvalidArgument {
+                op: "squeeze",
+                msg: format!("dimension {d} of shape {:?} is not 1", self.shape()),
+            });
+        }
+        Ok(self.view(self.layout.squeeze(d)))
+    }
+
+    /// The same elements with another shape: a view when the strides allow
+    /// it, else a contiguous copy.
+    pub fn reshape(&self, shape: &[usize]) -> Result<Tensor> {
+        let n = checked_numel("reshape", shape)?;
+        if n != self.numel() {
+            return Err(Error::ShapeMismatch {
+                op: "reshape",
+                lhs: self.shape().to_vec(),
+                rhs: shape.to_vec(),
+                hint: format!("{} elements cannot take shape {shape:?}", self.numel()),
+            });
+        }
+        match self.layout.reshape(shape) {
+            Some(l) => Ok(self.view(l)),
+            None => {
+                let c = self.contiguous()?;
+                Ok(c.view(Layout::new(
+                    shape.to_vec(),
+                    crate::layout::contiguous_strides(shape),
+                    c.layout.offset(),
+                )))
+            }
+        }
+    }
+}
+
+/// The element count of `shape`, or an error when it overflows.
+fn checked_numel(op: &'static str, shape: &[usize]) -> Result<usize> {
+    shape
+        .iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .filter(|&n| n <= isize::MAX as usize / 8)
+        .ok_or_else(|| Error::InvalidArgument {
+            op,
+            msg: format!("shape {shape:?} has too many elements"),
+        })
+}
