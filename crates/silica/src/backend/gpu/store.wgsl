@@ -30,7 +30,8 @@ fn write_unit(u: u32, n: u32) {
             if u >= n {
                 return;
             }
-            dst[u] = u32(value_at(u));
+            // negative values saturate to 0 as on the CPU (GL would wrap)
+            dst[u] = u32(max(value_at(u), 0.0));
         }
         case 4u: {
             if u >= n {

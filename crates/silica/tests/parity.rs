@@ -1,0 +1,445 @@
+//! The parity harness: every op × dtype × layout on every GPU adapter
+//! present, compared with the CPU backend (which evaluates elementwise
+//! functions and accumulations in f64). Layouts: contiguous, transposed,
+//! sliced with an offset, broadcast, empty, size 1, odd sizes, and sizes
+//! that do not divide the kernels' tiles.
+
+mod common;
+
+use silica::{DType, Device, Result, Tensor};
+
+/// |gpu - cpu| <= atol + rtol * |cpu|; NaN must match NaN.
+#[derive(Clone, Copy, Debug)]
+struct Tol {
+    atol: f64,
+    rtol: f64,
+}
+
+fn tol(dtype: DType) -> Tol {
+    match dtype {
+        DType::F32 => Tol {
+            atol: 1e-5,
+            rtol: 1e-4,
+        },
+        // one unit in the last place of the 16-bit result may flip
+        DType::F16 => Tol {
+            atol: 1e-3,
+            rtol: 2e-3,
+        },
+        DType::BF16 => Tol {
+            atol: 1e-2,
+            rtol: 1.6e-2,
+        },
+        DType::U32 | DType::I64 => Tol {
+            atol: 0.0,
+            rtol: 0.0,
+        },
+    }
+}
+
+/// Looser bounds for sums of many rounded terms.
+fn accumulating(dtype: DType) -> Tol {
+    let t = tol(dtype);
+    Tol {
+        atol: t.atol * 20.0,
+        rtol: t.rtol * 4.0,
+    }
+}
+
+type Build = Box<dyn Fn(&Device) -> Result<Tensor>>;
+
+struct Case {
+    name: String,
+    run: Build,
+    tol: Tol,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Contiguous,
+    Transposed,
+    Offset,
+    Broadcast,
+}
+
+const KINDS: [Kind; 4] = [
+    Kind::Contiguous,
+    Kind::Transposed,
+    Kind::Offset,
+    Kind::Broadcast,
+];
+
+/// A tensor of `shape` seen through a view of kind `kind`; the same values
+/// on every device (seeded on the host).
+fn input(kind: Kind, shape: &[usize], dtype: DType, seed: u64, dev: &Device) -> Result<Tensor> {
+    let r = shape.len();
+    let base = |s: &[usize]| -> Result<Tensor> {
+        if dtype.is_float() {
+            Tensor::randn(s, dtype, seed, dev)
+        } else {
+            let n: usize = s.iter().product();
+            Tensor::arange(0.0, n as f64, 1.0, DType::F32, &Device::cpu())?
+                .mul_scalar(7.0)?
+                .to_dtype(dtype)?
+                .reshape(s)?
+                .to_device(dev)
+        }
+    };
+    match kind {
+        Kind::Contiguous => base(shape),
+        Kind::Transposed if r >= 2 => {
+            let mut s = shape.to_vec();
+            s.swap(r - 2, r - 1);
+            base(&s)?.transpose(-2, -1)
+        }
+        Kind::Offset if r >= 1 => {
+            let mut s: Vec<usize> = shape.iter().map(|d| d + 2).collect();
+            s[0] += 1;
+            let mut t = base(&s)?;
+            for (d, &n) in shape.iter().enumerate() {
+                t = t.narrow(d as isize, 1, n)?;
+            }
+            Ok(t)
+        }
+        Kind::Broadcast if r >= 1 => {
+            let mut s = shape.to_vec();
+            s[0] = 1;
+            base(&s)?.broadcast_to(shape)
+        }
+        _ => base(shape),
+    }
+}
+
+fn case(
+    cases: &mut Vec<Case>,
+    name: String,
+    tol: Tol,
+    run: impl Fn(&Device) -> Result<Tensor> + 'static,
+) {
+    cases.push(Case {
+        name,
+        run: Box::new(run),
+        tol,
+    });
+}
+
+const SHAPES: [&[usize]; 6] = [
+    &[1],
+    &[1, 7, 13],
+    &[65, 67],
+    &[3, 300],
+    &[0, 5],
+    &[2, 3, 4, 5],
+];
+
+fn unary_cases(cases: &mut Vec<Case>) {
+    for op in silica::UnaryOp::ALL {
+        for dtype in DType::FLOATS {
+            for kind in KINDS {
+                for shape in SHAPES {
+                    let name = format!("{} {dtype} {kind:?} {shape:?}", op.name());
+                    case(cases, name, tol(dtype), move |d| {
+                        input(kind, shape, dtype, 1, d)?.unary(op)
+                    });
+                }
+            }
+        }
+    }
+}
+
+fn binary_cases(cases: &mut Vec<Case>) {
+    let pairs: [(&[usize], &[usize]); 6] = [
+        (&[1, 7, 13], &[1, 7, 13]),
+        (&[7, 13], &[13]),
+        (&[7, 13], &[7, 1]),
+        (&[3, 1, 5], &[1, 4, 1]),
+        (&[65, 67], &[65, 67]),
+        (&[0, 3], &[1, 3]),
+    ];
+    for op in silica::BinaryOp::ALL {
+        for dtype in DType::FLOATS {
+            for kind in KINDS {
+                for (sa, sb) in pairs {
+                    let name = format!("{} {dtype} {kind:?} {sa:?} {sb:?}", op.name());
+                    case(cases, name, tol(dtype), move |d| {
+                        let a = input(kind, sa, dtype, 2, d)?;
+                        let b = input(Kind::Contiguous, sb, dtype, 3, d)?;
+                        // positive bases keep pow real-valued
+                        let a = if op == silica::BinaryOp::Pow {
+                            a.abs()?
+                        } else {
+                            a
+                        };
+                        a.binary(&b, op)
+                    });
+                }
+                for shape in SHAPES {
+                    let name = format!("{} {dtype} {kind:?} {shape:?}", op.scalar_name());
+                    case(cases, name, tol(dtype), move |d| {
+                        input(kind, shape, dtype, 4, d)?
+                            .abs()?
+                            .binary_scalar(1.5, op)
+                    });
+                }
+            }
+        }
+    }
+    for op in silica::CmpOp::ALL {
+        for dtype in DType::FLOATS {
+            for kind in KINDS {
+                let name = format!("{} {dtype} {kind:?}", op.name());
+                case(cases, name, tol(DType::U32), move |d| {
+                    let a = input(kind, &[7, 13], dtype, 5, d)?;
+                    // half of b equals a, so equality is exercised
+                    let b = Tensor::cat(
+                        &[&a.narrow(0, 0, 4)?, &input(kind, &[3, 13], dtype, 6, d)?],
+                        0,
+                    )?;
+                    a.compare(&b, op)
+                });
+            }
+        }
+    }
+    for dtype in DType::FLOATS {
+        for cond in [DType::U32, DType::F32, DType::I64, dtype] {
+            for kind in KINDS {
+                let name = format!("where cond {cond} {dtype} {kind:?}");
+                case(cases, name, tol(dtype), move |d| {
+                    let c = input(kind, &[5, 9], DType::F32, 7, d)?
+                        .gt(&Tensor::zeros(&[1], DType::F32, d)?)?
+                        .to_dtype(cond)?;
+                    let a = input(Kind::Contiguous, &[5, 9], dtype, 8, d)?;
+                    let b = input(Kind::Contiguous, &[9], dtype, 9, d)?;
+                    c.where_cond(&a, &b)
+                });
+            }
+        }
+    }
+}
+
+fn reduce_cases(cases: &mut Vec<Case>) {
+    let shapes: [(&[usize], isize); 6] = [
+        (&[3, 300], -1),
+        (&[3, 300], 0),
+        (&[1, 7, 13], 1),
+        (&[65, 67], -1),
+        (&[2, 3, 4, 5], 2),
+        (&[1], 0),
+    ];
+    for op in silica::ReduceOp::ALL {
+        for dtype in DType::FLOATS {
+            for kind in KINDS {
+                for (shape, dim) in shapes {
+                    for keep in [false, true] {
+                        let name = format!(
+                            "{} {dtype} {kind:?} {shape:?} dim {dim} keepdim {keep}",
+                            op.name()
+                        );
+                        let t = if matches!(op, silica::ReduceOp::Sum | silica::ReduceOp::Mean) {
+                            accumulating(dtype)
+                        } else {
+                            tol(dtype)
+                        };
+                        // broadcast rows are all equal: argmax ties go to the first
+                        case(cases, name, t, move |d| {
+                            input(kind, shape, dtype, 10, d)?.reduce(op, dim, keep)
+                        });
+                    }
+                }
+            }
+        }
+        let name = format!("{} over an empty dimension", op.name());
+        if matches!(op, silica::ReduceOp::Sum | silica::ReduceOp::Mean) {
+            case(cases, name, tol(DType::F32), move |d| {
+                Tensor::zeros(&[4, 0], DType::F32, d)?.reduce(op, -1, false)
+            });
+        }
+    }
+    for log in [false, true] {
+        for dtype in DType::FLOATS {
+            for kind in KINDS {
+                for (shape, dim) in [
+                    (&[5, 300][..], -1isize),
+                    (&[1, 7, 13], -1),
+                    (&[1, 7, 13], 1),
+                    (&[4, 6], 0),
+                    (&[65, 67], -1),
+                ] {
+                    let name = format!("softmax log={log} {dtype} {kind:?} {shape:?} dim {dim}");
+                    case(cases, name, tol(dtype), move |d| {
+                        let x = input(kind, shape, dtype, 11, d)?;
+                        if log {
+                            x.log_softmax(dim)
+                        } else {
+                            x.softmax(dim)
+                        }
+                    });
+                }
+            }
+        }
+    }
+}
+
+fn matmul_cases(cases: &mut Vec<Case>) {
+    let shapes: [(&[usize], &[usize]); 8] = [
+        (&[65, 33], &[33, 67]),
+        (&[1, 7], &[7, 13]),
+        (&[130, 70], &[70, 3]),
+        (&[2, 1, 5, 7], &[3, 7, 9]),
+        (&[4, 17], &[17]),
+        (&[17], &[17, 6]),
+        (&[3, 0], &[0, 4]),
+        (&[2, 8, 16], &[2, 16, 64]),
+    ];
+    for dtype in DType::FLOATS {
+        for ka in KINDS {
+            for kb in [Kind::Contiguous, Kind::Transposed, Kind::Offset] {
+                for (sa, sb) in shapes {
+                    let name = format!("matmul {dtype} {ka:?}x{kb:?} {sa:?} {sb:?}");
+                    case(cases, name, accumulating(dtype), move |d| {
+                        input(ka, sa, dtype, 12, d)?.matmul(&input(kb, sb, dtype, 13, d)?)
+                    });
+                }
+            }
+        }
+    }
+}
+
+fn data_movement_cases(cases: &mut Vec<Case>) {
+    for from in DType::ALL {
+        for to in DType::ALL {
+            for kind in [Kind::Contiguous, Kind::Transposed, Kind::Offset] {
+                let name = format!("to_dtype {from}->{to} {kind:?}");
+                case(cases, name, tol(to), move |d| {
+                    let x = input(kind, &[7, 13], from, 14, d)?;
+                    // keep float values in the range every dtype holds
+                    let x = if from.is_float() {
+                        x.mul_scalar(100.0)?
+                    } else {
+                        x
+                    };
+                    x.to_dtype(to)
+                });
+            }
+        }
+    }
+    for dtype in DType::ALL {
+        for kind in KINDS {
+            for shape in SHAPES {
+                let name = format!("contiguous {dtype} {kind:?} {shape:?}");
+                case(cases, name, tol(dtype), move |d| {
+                    input(kind, shape, dtype, 15, d)?.copy()
+                });
+            }
+            for (axis, sizes) in [
+                (0isize, [3usize, 1, 4]),
+                (1, [1, 3, 2]),
+                (-1, [5, 3, 1]),
+                (-1, [0, 3, 2]),
+            ] {
+                let name = format!("cat {dtype} {kind:?} axis {axis} {sizes:?}");
+                case(cases, name, tol(dtype), move |d| {
+                    let parts: Vec<Tensor> = sizes
+                        .iter()
+                        .enumerate()
+                        .map(|(i, &n)| {
+                            let mut shape = vec![3, 5, 7];
+                            let ax = if axis < 0 { 2 } else { axis as usize };
+                            shape[ax] = n;
+                            input(kind, &shape, dtype, 16 + i as u64, d)
+                        })
+                        .collect::<Result<_>>()?;
+                    let refs: Vec<&Tensor> = parts.iter().collect();
+                    Tensor::cat(&refs, axis)
+                });
+            }
+            for idx_dtype in [DType::U32, DType::I64] {
+                for axis in [0isize, 1, -1] {
+                    let name = format!("index_select {dtype} {kind:?} axis {axis} idx {idx_dtype}");
+                    case(cases, name, tol(dtype), move |d| {
+                        let src = input(kind, &[6, 5, 7], dtype, 20, d)?;
+                        let idx = Tensor::from_slice(&[4i64, 0, 4, 2, 1], &[5], d)?
+                            .to_dtype(idx_dtype)?;
+                        src.index_select(axis, &idx)
+                    });
+                }
+            }
+        }
+    }
+}
+
+fn all_cases() -> Vec<Case> {
+    let mut cases = Vec::new();
+    unary_cases(&mut cases);
+    binary_cases(&mut cases);
+    reduce_cases(&mut cases);
+    matmul_cases(&mut cases);
+    data_movement_cases(&mut cases);
+    cases
+}
+
+/// Compares one device's result with the CPU's; a message on mismatch.
+fn compare(c: &Case, want: &Tensor, got: &Tensor) -> std::result::Result<(), String> {
+    if want.shape() != got.shape() || want.dtype() != got.dtype() {
+        return Err(format!(
+            "shape/dtype {:?} {} vs CPU {:?} {}",
+            got.shape(),
+            got.dtype(),
+            want.shape(),
+            want.dtype()
+        ));
+    }
+    let w = want.to_f64_vec().map_err(|e| e.to_string())?;
+    let g = got.to_f64_vec().map_err(|e| e.to_string())?;
+    for (i, (a, b)) in g.iter().zip(&w).enumerate() {
+        let ok = (a.is_nan() && b.is_nan())
+            || a == b
+            || (a - b).abs() <= c.tol.atol + c.tol.rtol * b.abs();
+        if !ok {
+            return Err(format!(
+                "element {i}: got {a}, CPU {b} (tolerance {:?})",
+                c.tol
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn every_op_matches_the_cpu_on_every_gpu() {
+    let devices = common::gpu_devices();
+    let cases = all_cases();
+    // the CPU side of every case must run (and is the reference)
+    let reference: Vec<Tensor> = cases
+        .iter()
+        .map(|c| (c.run)(&Device::cpu()).unwrap_or_else(|e| panic!("{} on the CPU: {e}", c.name)))
+        .collect();
+    let mut failures = Vec::new();
+    for dev in &devices {
+        let mut ran = 0;
+        for (c, want) in cases.iter().zip(&reference) {
+            match (c.run)(dev) {
+                Ok(got) => {
+                    if let Err(msg) = compare(c, want, &got) {
+                        failures.push(format!("{dev}: {}: {msg}", c.name));
+                    }
+                }
+                Err(e) => failures.push(format!("{dev}: {}: {e}", c.name)),
+            }
+            ran += 1;
+        }
+        if let Device::Gpu(g) = dev {
+            let fallbacks = g.fallback_report();
+            eprintln!("{dev}: {ran} GPU parity cases run; CPU fallbacks: {fallbacks:?}");
+        }
+    }
+    for f in failures.iter().take(40) {
+        eprintln!("FAIL {f}");
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases failed",
+        failures.len(),
+        cases.len() * devices.len()
+    );
+}
