@@ -200,8 +200,8 @@ fn binary_cases(cases: &mut Vec<Case>) {
             }
         }
     }
-    for dtype in DType::FLOATS {
-        for cond in [DType::U32, DType::F32, DType::I64, dtype] {
+    for dtype in DType::ALL {
+        for cond in [DType::U32, DType::F32, DType::I64, DType::BF16] {
             for kind in KINDS {
                 let name = format!("where cond {cond} {dtype} {kind:?}");
                 case(cases, name, tol(dtype), move |d| {

@@ -144,16 +144,21 @@ impl Context {
         }
     }
 
-    /// Runs `f` on the pending encoder, creating it if needed.
-    fn record<R>(&self, f: impl FnOnce(&mut wgpu::CommandEncoder) -> R) -> R {
+    /// Runs `f` on the pending encoder, creating it if needed; `f` also gets
+    /// the number of dispatches recorded since the last submit.
+    fn record<R>(&self, f: impl FnOnce(&mut wgpu::CommandEncoder, &mut u32) -> R) -> R {
         let mut p = lock(&self.pending);
-        let enc = p.encoder.get_or_insert_with(|| {
+        let Pending {
+            encoder,
+            dispatches,
+        } = &mut *p;
+        let enc = encoder.get_or_insert_with(|| {
             self.device
                 .create_command_encoder(&wgpu::CommandEncoderDescriptor {
                     label: Some("silica ops"),
                 })
         });
-        f(enc)
+        f(enc, dispatches)
     }
 
     /// Submits the pending encoder (without waiting for it).
@@ -194,13 +199,13 @@ impl Context {
             view.slice(..data.len()).copy_from_slice(data);
         }
         staging.unmap();
-        self.record(|enc| enc.copy_buffer_to_buffer(&staging, 0, dst.raw(), 0, padded));
+        self.record(|enc, _| enc.copy_buffer_to_buffer(&staging, 0, dst.raw(), 0, padded));
         Ok(())
     }
 
     /// Records zeroing of a whole buffer.
     pub fn clear(&self, buf: &GpuBuffer) {
-        self.record(|enc| enc.clear_buffer(buf.raw(), 0, None));
+        self.record(|enc, _| enc.clear_buffer(buf.raw(), 0, None));
     }
 
     /// Reads `size` bytes at `offset` (both multiples of 4), waiting for all pending work.
@@ -212,7 +217,7 @@ impl Context {
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        self.record(|enc| enc.copy_buffer_to_buffer(src, offset, &staging, 0, size));
+        self.record(|enc, _| enc.copy_buffer_to_buffer(src, offset, &staging, 0, size));
         self.flush();
         let (tx, rx) = std::sync::mpsc::channel();
         staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
@@ -392,14 +397,7 @@ impl Context {
             layout: &bgl,
             entries: &entries,
         });
-        let submit = {
-            let mut p = lock(&self.pending);
-            let enc = p.encoder.get_or_insert_with(|| {
-                self.device
-                    .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                        label: Some("silica ops"),
-                    })
-            });
+        let submit = self.record(|enc, dispatches| {
             {
                 let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
                     label: Some(kernel.name),
@@ -409,9 +407,9 @@ impl Context {
                 pass.set_bind_group(0, &bind_group, &[]);
                 pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
             }
-            p.dispatches += 1;
-            p.dispatches >= DISPATCH_BUDGET
-        };
+            *dispatches += 1;
+            *dispatches >= DISPATCH_BUDGET
+        });
         if submit {
             self.flush();
         }

@@ -26,11 +26,7 @@ pub(crate) static BINARY: Kernel = Kernel {
 };
 pub(crate) static WHERE: Kernel = Kernel {
     name: "where",
-    source: concat!(
-        include_str!("common.wgsl"),
-        include_str!("store.wgsl"),
-        include_str!("where.wgsl")
-    ),
+    source: concat!(include_str!("common.wgsl"), include_str!("where.wgsl")),
     inputs: 3,
 };
 
@@ -183,12 +179,7 @@ pub(crate) fn binary(
     )
 }
 
-pub(crate) fn where_cond(
-    ctx: &Context,
-    inputs: &[&Tensor],
-    out: &GpuBuffer,
-    out_dtype: DType,
-) -> Result<()> {
+pub(crate) fn where_cond(ctx: &Context, inputs: &[&Tensor], out: &GpuBuffer) -> Result<()> {
     let (c, a, b) = (inputs[0], inputs[1], inputs[2]);
     let n = a.numel();
     let v = Layout::coalesce(&[c.layout(), a.layout(), b.layout()]);
@@ -209,13 +200,12 @@ pub(crate) fn where_cond(
         &WHERE,
         &[
             ("COND_DT", code(c.dtype())),
-            ("IN_DT", code(a.dtype())),
-            ("OUT_DT", code(out_dtype)),
+            ("ELEM_BYTES", a.dtype().size_in_bytes() as f64),
         ],
         &params(&header, &arrays),
         &[buffer(c), buffer(a), buffer(b)],
         out.raw(),
-        ctx.grid_for_threads(units(n, out_dtype))?,
+        ctx.grid_for_threads(units(n, a.dtype()))?,
     )
 }
 
@@ -252,8 +242,8 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
         }
     }
     for c in dts {
-        for dt in [0.0, 1.0, 2.0] {
-            out.push((&WHERE, vec![("COND_DT", c), ("IN_DT", dt), ("OUT_DT", dt)]));
+        for bytes in [2.0, 4.0, 8.0] {
+            out.push((&WHERE, vec![("COND_DT", c), ("ELEM_BYTES", bytes)]));
         }
     }
     out

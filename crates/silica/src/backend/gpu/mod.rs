@@ -157,9 +157,7 @@ impl GpuDevice {
         }
         match op {
             // bitwise kernels: any dtype
-            Op::Copy | Op::Cat { .. } | Op::IndexSelect { .. } | Op::Cast => true,
-            // values pass through f32, exact for the float dtypes only
-            Op::Where => dtypes.get(1).is_some_and(|d| d.is_float()),
+            Op::Copy | Op::Cat { .. } | Op::IndexSelect { .. } | Op::Cast | Op::Where => true,
             _ => dtypes.iter().all(|d| d.is_float()),
         }
     }
@@ -198,7 +196,7 @@ impl GpuDevice {
                 let code = elementwise::CMP_BASE + cmp as u32;
                 elementwise::binary(c, code, inputs[0], Some(inputs[1]), 0.0, &out, out_dtype)?
             }
-            Op::Where => elementwise::where_cond(c, inputs, &out, out_dtype)?,
+            Op::Where => elementwise::where_cond(c, inputs, &out)?,
             Op::Cast => {
                 if inputs[0].dtype().is_float() || out_dtype.is_float() {
                     elementwise::unary(c, elementwise::OP_CAST, inputs[0], &out, out_dtype)?

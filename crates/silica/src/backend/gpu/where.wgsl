@@ -1,5 +1,7 @@
-// where.wgsl — dst = cond != 0 ? a : b elementwise over three views broadcast
-// to one shape. The condition may have any dtype; a and b are floats.
+// where.wgsl — dst = cond != 0 ? a : b elementwise over three views
+// broadcast to one shape, moving the chosen element's bits (any dtype of
+// a and b, ELEM_BYTES 2, 4 or 8). The condition may have any dtype.
+// Thread `u` owns output word `u` (two 16-bit elements) or element `u`.
 
 struct Params {
     n: u32,
@@ -23,7 +25,7 @@ struct Params {
 @group(0) @binding(4) var<storage, read_write> dst: array<u32>;
 
 override COND_DT: u32 = 0u;
-override IN_DT: u32 = 0u;
+override ELEM_BYTES: u32 = 4u;
 
 fn cond_at(e: u32) -> bool {
     let ic = p.off_c + strided_offset(e, p.rank, p.shape, p.strides_c);
@@ -34,16 +36,56 @@ fn cond_at(e: u32) -> bool {
     return decode(src_c[w], ic, COND_DT) != 0.0;
 }
 
-fn value_at(e: u32) -> f32 {
+fn index_a(e: u32) -> u32 {
+    return p.off_a + strided_offset(e, p.rank, p.shape, p.strides_a);
+}
+
+fn index_b(e: u32) -> u32 {
+    return p.off_b + strided_offset(e, p.rank, p.shape, p.strides_b);
+}
+
+// The chosen 16-bit element `e`, in the low half.
+fn pick_half(e: u32) -> u32 {
     if cond_at(e) {
-        let ia = p.off_a + strided_offset(e, p.rank, p.shape, p.strides_a);
-        return decode(src_a[word_index(ia, IN_DT)], ia, IN_DT);
+        let i = index_a(e);
+        return (src_a[i >> 1u] >> ((i & 1u) * 16u)) & 0xffffu;
     }
-    let ib = p.off_b + strided_offset(e, p.rank, p.shape, p.strides_b);
-    return decode(src_b[word_index(ib, IN_DT)], ib, IN_DT);
+    let i = index_b(e);
+    return (src_b[i >> 1u] >> ((i & 1u) * 16u)) & 0xffffu;
 }
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    write_unit(group_index(wid, nwg) * WG + lid, p.n);
+    let u = group_index(wid, nwg) * WG + lid;
+    if ELEM_BYTES == 2u {
+        let e = 2u * u;
+        if e >= p.n {
+            return;
+        }
+        var w = pick_half(e);
+        if e + 1u < p.n {
+            w |= pick_half(e + 1u) << 16u;
+        }
+        dst[u] = w;
+        return;
+    }
+    if u >= p.n {
+        return;
+    }
+    let c = cond_at(u);
+    if ELEM_BYTES == 8u {
+        if c {
+            let i = index_a(u);
+            dst[2u * u] = src_a[2u * i];
+            dst[2u * u + 1u] = src_a[2u * i + 1u];
+        } else {
+            let i = index_b(u);
+            dst[2u * u] = src_b[2u * i];
+            dst[2u * u + 1u] = src_b[2u * i + 1u];
+        }
+    } else if c {
+        dst[u] = src_a[index_a(u)];
+    } else {
+        dst[u] = src_b[index_b(u)];
+    }
 }
