@@ -105,6 +105,12 @@ impl Context {
         })
     }
 
+    /// Destroys the wgpu device, as a driver reset would (test hook).
+    pub fn destroy(&self) {
+        self.device.destroy();
+        lock(&self.lost).get_or_insert_with(|| "destroyed".to_string());
+    }
+
     pub fn lost_reason(&self) -> Option<String> {
         lock(&self.lost).clone()
     }

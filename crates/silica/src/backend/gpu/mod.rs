@@ -115,6 +115,14 @@ impl GpuDevice {
             .insert(name);
     }
 
+    /// Test hook: destroys the underlying wgpu device, as a driver reset
+    /// would. Every later op on it returns [`Error::DeviceLost`];
+    /// `Device::gpu` then opens a fresh device.
+    #[doc(hidden)]
+    pub fn destroy_for_testing(&self) {
+        self.ctx.destroy();
+    }
+
     /// Counts a CPU fallback and warns the first time; an error in strict mode.
     pub(crate) fn record_fallback(&self, op: &Op, dtype: DType) -> Result<()> {
         if self.strict.load(Ordering::Relaxed) {
