@@ -522,7 +522,7 @@ mod tests {
 
     #[test]
     fn ranking_puts_software_and_gl_last() {
-        let mut v = vec![
+        let mut v = [
             fake("llvmpipe", BackendKind::Vulkan, "Cpu"),
             fake("gl", BackendKind::Gl, "DiscreteGpu"),
             fake("igpu", BackendKind::Vulkan, "IntegratedGpu"),

@@ -303,22 +303,22 @@ impl Layout {
             .iter()
             .map(|l| Layout::new(vec![], vec![], l.offset))
             .collect();
-        for d in 0..shape.len() {
-            if shape[d] == 1 {
+        for (d, &size) in shape.iter().enumerate() {
+            if size == 1 {
                 continue;
             }
             let mergeable = !out[0].shape.is_empty()
                 && layouts.iter().zip(&out).all(|(l, o)| {
                     let last = o.strides.len() - 1;
-                    o.strides[last] == l.strides[d] * shape[d]
+                    o.strides[last] == l.strides[d] * size
                 });
             for (l, o) in layouts.iter().zip(out.iter_mut()) {
                 if mergeable {
                     let last = o.shape.len() - 1;
-                    o.shape[last] *= shape[d];
+                    o.shape[last] *= size;
                     o.strides[last] = l.strides[d];
                 } else {
-                    o.shape.push(shape[d]);
+                    o.shape.push(size);
                     o.strides.push(l.strides[d]);
                 }
             }

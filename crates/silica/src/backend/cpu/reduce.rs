@@ -13,6 +13,11 @@ fn rows(x: &Tensor) -> (Vec<f32>, usize) {
     (host(x).gather_f32(x.layout()), n)
 }
 
+/// The number of rows of the last dimension.
+fn row_count(x: &Tensor) -> usize {
+    x.shape()[..x.rank() - 1].iter().product()
+}
+
 /// `f` over each row of length `n`, in parallel when the data is large.
 fn per_row<T: Send>(
     data: &[f32],
@@ -64,7 +69,7 @@ fn first_best(r: &[f32], better: impl Fn(f32, f32) -> bool) -> usize {
 
 pub fn softmax(x: &Tensor, log: bool, out: DType) -> CpuStorage {
     let (data, n) = rows(x);
-    let count = if n == 0 { 0 } else { x.numel() / n };
+    let count = row_count(x);
     let result: Vec<Vec<f32>> = per_row(&data, n, count, |r| {
         let max = r.iter().fold(f64::NEG_INFINITY, |m, &v| m.max(v as f64));
         let sum: f64 = r.iter().map(|&v| (v as f64 - max).exp()).sum();
