@@ -1,1 +1,112 @@
-fn main() {}
+//! `silica`: the command-line tool of the silica project.
+//!
+//! Every subcommand lives in its own module and returns `Result<(), CliError>`;
+//! `main` turns an error into one line `error: <message>` on stderr and exit
+//! status 2. Panics are reported the same way, without a backtrace unless
+//! `RUST_BACKTRACE` is set.
+
+mod devices;
+
+use std::io::{self, IsTerminal, Write};
+use std::panic::{self, AssertUnwindSafe};
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Run ML workloads on the best GPU of this machine, or on the CPU.
+#[derive(Parser)]
+#[command(name = "silica", version, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// List the CPU and every GPU adapter, and mark the default device.
+    Devices(devices::DevicesArgs),
+}
+
+/// A failure to report as `error: <message>` (exit status 2).
+#[derive(Debug)]
+pub struct CliError(String);
+
+impl<E: std::error::Error> From<E> for CliError {
+    fn from(e: E) -> Self {
+        CliError(e.to_string())
+    }
+}
+
+/// The exit status of every reported error.
+const ERROR_STATUS: u8 = 2;
+
+fn main() -> ExitCode {
+    init_tracing();
+    let cli = Cli::parse(); // usage errors: clap prints them and exits with status 2
+    install_panic_hook();
+    match panic::catch_unwind(AssertUnwindSafe(|| run(cli))) {
+        Ok(Ok(())) => ExitCode::SUCCESS,
+        Ok(Err(CliError(msg))) => {
+            eprintln!("error: {}", one_line(&msg));
+            ExitCode::from(ERROR_STATUS)
+        }
+        // the panic hook already printed the message
+        Err(_) => ExitCode::from(ERROR_STATUS),
+    }
+}
+
+fn run(cli: Cli) -> Result<(), CliError> {
+    match cli.command {
+        Command::Devices(args) => devices::run(&args),
+    }
+}
+
+/// Logs go to stderr; `RUST_LOG` overrides the default level `warn` (with
+/// the GL backend's adapter-probing errors, harmless on headless machines, off).
+fn init_tracing() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new("warn,wgpu_hal::gles=off"));
+    // Fails only if a subscriber is already set, which cannot happen here.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(io::stderr)
+        .with_ansi(io::stderr().is_terminal())
+        .without_time()
+        .try_init();
+}
+
+/// Prints a panic as one `error:` line; the backtrace only on request.
+fn install_panic_hook() {
+    let backtrace = std::env::var_os("RUST_BACKTRACE").is_some_and(|v| v != "0");
+    panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let msg = payload
+            .downcast_ref::<&str>()
+            .copied()
+            .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+            .unwrap_or("unknown panic");
+        let place = info
+            .location()
+            .map(|l| format!(" (at {}:{})", l.file(), l.line()))
+            .unwrap_or_default();
+        eprintln!("error: internal error: {}{place}", one_line(msg));
+        if backtrace {
+            eprintln!("{}", std::backtrace::Backtrace::force_capture());
+        }
+    }));
+}
+
+fn one_line(msg: &str) -> String {
+    msg.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// Writes `text` to stdout. A closed pipe (`silica devices | head`) ends the
+/// program quietly instead of failing.
+pub fn emit(text: &str) -> Result<(), CliError> {
+    let mut out = io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => std::process::exit(0),
+        r => Ok(r?),
+    }
+}

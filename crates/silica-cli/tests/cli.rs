@@ -1,0 +1,79 @@
+//! Runs the built `silica` binary.
+
+use std::process::{Command, Output};
+
+fn silica(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_silica"))
+        .args(args)
+        .env_remove("SILICA_DEVICE")
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("the silica binary runs")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn devices_lists_the_cpu_and_marks_a_default() {
+    let out = silica(&["devices"]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        stdout.lines().any(|l| l.contains(" cpu ")),
+        "no cpu line:\n{stdout}"
+    );
+    assert!(
+        stdout.contains("* default device: "),
+        "no default:\n{stdout}"
+    );
+    assert_eq!(
+        stdout.lines().filter(|l| l.starts_with('*')).count(),
+        2,
+        "exactly one device is marked:\n{stdout}"
+    );
+}
+
+#[test]
+fn ops_table_on_the_cpu_is_all_native() {
+    let out = silica(&["devices", "--ops", "--device", "cpu"]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(stdout.contains("Ops on cpu"), "{stdout}");
+    for op in ["matmul", "softmax", "add", "where", "index_select"] {
+        assert!(
+            stdout
+                .lines()
+                .any(|l| l.split_whitespace().next() == Some(op)),
+            "no row for {op}:\n{stdout}"
+        );
+    }
+    let matmul = stdout
+        .lines()
+        .find(|l| l.starts_with("matmul "))
+        .expect("a matmul row");
+    let cells: Vec<&str> = matmul.split_whitespace().skip(1).collect();
+    assert_eq!(cells, ["native", "native", "native", "-", "-"], "{matmul}");
+    assert!(stdout.contains(" 0 CPU fallback"), "{stdout}");
+}
+
+#[test]
+fn unknown_device_is_a_one_line_error_with_status_2() {
+    let out = silica(&["devices", "--ops", "--device", "nosuchdevice"]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(out.stdout.is_empty(), "nothing on stdout: {out:?}");
+    // Graphics drivers may write their own lines to stderr while wgpu
+    // enumerates adapters (Mesa does without XDG_RUNTIME_DIR), so look for
+    // silica's line rather than requiring stderr to hold nothing else.
+    let ours: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("nosuchdevice"))
+        .collect();
+    assert_eq!(ours.len(), 1, "one error line expected:\n{stderr}");
+    assert!(ours[0].starts_with("error: "), "{stderr}");
+    assert_eq!(stderr.lines().last(), Some(ours[0]), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(!stderr.contains("backtrace"), "{stderr}");
+}

@@ -1,0 +1,225 @@
+//! The CPU fallback of ARCHITECTURE §3 on the first GPU adapter: an op whose
+//! kernel is missing runs on the CPU, is counted in the fallback report, keeps
+//! its result on the GPU, and is an error in strict mode; check mode re-runs
+//! native ops on the CPU without changing their results.
+//!
+//! Strict mode, check mode and disabled kernels are state of the (shared)
+//! device, so everything runs in one sequential test.
+
+mod common;
+
+use silica::{DType, Device, Error, FallbackCount, Op, Tensor, UnaryOp};
+
+fn count(report: &[FallbackCount], op: &str) -> Option<u64> {
+    report.iter().find(|f| f.op == op).map(|f| f.count)
+}
+
+/// Asserts that two f32 vectors agree bit for bit (NaN included).
+fn assert_same_bits(got: &[f32], want: &[f32], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths differ");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
+            "{what}: element {i} is {g}, the CPU gives {w}"
+        );
+    }
+}
+
+#[test]
+fn cpu_fallback_strict_and_check_modes() {
+    let Some(dev) = common::first_gpu() else {
+        return;
+    };
+    let Device::Gpu(g) = &dev else {
+        panic!("first_gpu returned a non-GPU device: {dev}");
+    };
+    let cpu = Device::cpu();
+    // make sure no earlier state leaks in (the device starts with the env flags)
+    g.set_strict(false);
+    g.set_check(false);
+
+    let values: Vec<f32> = (0..37).map(|i| i as f32 * 0.25 - 4.0).collect();
+    let x = Tensor::from_slice(&values, &[37], &dev).unwrap();
+    let x_cpu = Tensor::from_slice(&values, &[37], &cpu).unwrap();
+
+    // ---- before: exp has a kernel and never falls back ------------------
+    let exp = Op::Unary(UnaryOp::Exp);
+    assert!(g.supports(&exp, &[DType::F32]), "exp/f32 should be native");
+    let native_exp: Vec<f32> = x.exp().unwrap().to_vec().unwrap();
+    assert_eq!(count(&g.fallback_report(), "exp/f32"), None);
+    let cpu_exp: Vec<f32> = x_cpu.exp().unwrap().to_vec().unwrap();
+    for (i, (a, b)) in native_exp.iter().zip(&cpu_exp).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-5 + 1e-4 * b.abs(),
+            "native exp differs at {i}: {a} vs {b}"
+        );
+    }
+
+    // ---- a disabled kernel falls back to the CPU --------------------------
+    g.disable_kernel_for_testing("exp");
+    assert!(
+        !g.supports(&exp, &[DType::F32]),
+        "a disabled kernel must not be reported as supported"
+    );
+    assert!(
+        g.supports(&Op::Unary(UnaryOp::Sqrt), &[DType::F32]),
+        "disabling exp must not disable sqrt"
+    );
+
+    let y = x.exp().unwrap();
+    assert!(y.device().same(&dev), "fallback result left the GPU: {y:?}");
+    assert!(y.device().is_gpu());
+    assert_eq!(y.shape(), &[37]);
+    assert_eq!(y.dtype(), DType::F32);
+    assert!(y.is_contiguous());
+    // the CPU kernel ran: the values are the CPU's, bit for bit
+    assert_same_bits(&y.to_vec::<f32>().unwrap(), &cpu_exp, "fallback exp");
+    let report = g.fallback_report();
+    assert_eq!(
+        count(&report, "exp/f32"),
+        Some(1),
+        "report after one fallback: {report:?}"
+    );
+
+    // the result is a normal GPU tensor: a native op consumes it
+    let z = y.add(&x).unwrap();
+    let want: Vec<f32> = cpu_exp.iter().zip(&values).map(|(a, b)| a + b).collect();
+    assert_same_bits(
+        &z.to_vec::<f32>().unwrap(),
+        &want,
+        "native add of a fallback result",
+    );
+
+    let _ = x.exp().unwrap();
+    let report = g.fallback_report();
+    assert_eq!(
+        count(&report, "exp/f32"),
+        Some(2),
+        "report after two fallbacks: {report:?}"
+    );
+
+    // native ops are not counted
+    let s = x.abs().unwrap().sqrt().unwrap();
+    let s_cpu: Vec<f32> = x_cpu.abs().unwrap().sqrt().unwrap().to_vec().unwrap();
+    let s_gpu: Vec<f32> = s.to_vec().unwrap();
+    for (a, b) in s_gpu.iter().zip(&s_cpu) {
+        assert!((a - b).abs() <= 1e-6 + 1e-5 * b.abs(), "sqrt {a} vs {b}");
+    }
+    let report = g.fallback_report();
+    assert!(
+        report.iter().all(|f| f.op.starts_with("exp/")),
+        "only exp may have fallen back: {report:?}"
+    );
+    assert_eq!(count(&report, "sqrt/f32"), None);
+
+    // a strided view and another dtype fall back too, counted per dtype
+    let m_values: Vec<f32> = (0..12).map(|i| i as f32 * 0.5 - 3.0).collect();
+    let m = Tensor::from_slice(&m_values, &[3, 4], &dev)
+        .unwrap()
+        .to_dtype(DType::F16)
+        .unwrap();
+    let m_cpu = Tensor::from_slice(&m_values, &[3, 4], &cpu)
+        .unwrap()
+        .to_dtype(DType::F16)
+        .unwrap();
+    let mt = m.t().unwrap();
+    assert!(!mt.is_contiguous());
+    let e16 = mt.exp().unwrap();
+    assert!(e16.device().same(&dev));
+    assert_eq!(e16.shape(), &[4, 3]);
+    assert_eq!(e16.dtype(), DType::F16);
+    let want16: Vec<half::f16> = m_cpu.t().unwrap().exp().unwrap().to_vec().unwrap();
+    let got16: Vec<half::f16> = e16.to_vec().unwrap();
+    assert_eq!(
+        got16.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+        want16.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+        "f16 fallback of a transposed view"
+    );
+    let report = g.fallback_report();
+    assert_eq!(count(&report, "exp/f16"), Some(1), "{report:?}");
+    assert_eq!(count(&report, "exp/f32"), Some(2), "{report:?}");
+
+    // ---- strict mode: the fallback is an error ----------------------------
+    g.set_strict(true);
+    match x.exp() {
+        Err(e @ Error::FallbackForbidden { .. }) => {
+            let msg = e.to_string();
+            assert!(msg.contains("exp"), "message does not name the op: {msg}");
+            assert!(
+                msg.contains("f32"),
+                "message does not name the dtype: {msg}"
+            );
+            let Error::FallbackForbidden { op, dtype, .. } = e else {
+                unreachable!()
+            };
+            assert_eq!(op, "exp");
+            assert_eq!(dtype, DType::F32);
+        }
+        other => panic!("strict mode: expected FallbackForbidden, got {other:?}"),
+    }
+    // a forbidden fallback is not counted
+    assert_eq!(count(&g.fallback_report(), "exp/f32"), Some(2));
+    // native ops still work in strict mode
+    let s2: Vec<f32> = x.abs().unwrap().sqrt().unwrap().to_vec().unwrap();
+    assert_eq!(s2, s_gpu, "native sqrt under strict mode");
+    g.set_strict(false);
+    // and the fallback works again once strict mode is off
+    assert_same_bits(
+        &x.exp().unwrap().to_vec::<f32>().unwrap(),
+        &cpu_exp,
+        "fallback after strict mode",
+    );
+    assert_eq!(count(&g.fallback_report(), "exp/f32"), Some(3));
+
+    // ---- check mode: native ops are compared with the CPU -----------------
+    g.set_check(true);
+    let a = Tensor::randn(&[17, 33], DType::F32, 1, &dev).unwrap();
+    let b = Tensor::randn(&[33, 9], DType::F32, 2, &dev).unwrap();
+    let bias = Tensor::randn(&[9], DType::F32, 3, &dev).unwrap();
+    let a_cpu = a.to_device(&cpu).unwrap();
+    let b_cpu = b.to_device(&cpu).unwrap();
+    let bias_cpu = bias.to_device(&cpu).unwrap();
+
+    let prod = a.matmul(&b).expect("matmul under check mode");
+    let shifted = prod.add(&bias).expect("add under check mode");
+    let probs = shifted.softmax(-1).expect("softmax under check mode");
+    let sums = probs.sum(-1, false).expect("sum under check mode");
+    let sums: Vec<f32> = sums.to_vec().unwrap();
+    assert_eq!(sums.len(), 17);
+    assert!(
+        sums.iter().all(|s| (s - 1.0).abs() < 1e-4),
+        "softmax rows must sum to 1: {sums:?}"
+    );
+    let want: Vec<f32> = a_cpu
+        .matmul(&b_cpu)
+        .unwrap()
+        .add(&bias_cpu)
+        .unwrap()
+        .softmax(-1)
+        .unwrap()
+        .to_vec()
+        .unwrap();
+    let got: Vec<f32> = probs.to_vec().unwrap();
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert!(
+            (g - w).abs() <= 1e-5 + 1e-3 * w.abs(),
+            "softmax {i}: {g} vs {w}"
+        );
+    }
+    // a fallback under check mode still works (and is still counted)
+    assert_same_bits(
+        &x.exp().unwrap().to_vec::<f32>().unwrap(),
+        &cpu_exp,
+        "fallback under check mode",
+    );
+    assert_eq!(count(&g.fallback_report(), "exp/f32"), Some(4));
+    g.set_check(false);
+
+    // nothing but exp ever fell back
+    let report = g.fallback_report();
+    assert!(
+        report.iter().all(|f| f.op.starts_with("exp/")),
+        "unexpected fallbacks: {report:?}"
+    );
+    dev.synchronize().unwrap();
+}
