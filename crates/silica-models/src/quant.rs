@@ -1,0 +1,1 @@
+//! Dequantization of GGML block formats (placeholder: being written).

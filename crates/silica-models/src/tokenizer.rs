@@ -1,0 +1,1 @@
+//! Tokenizers (placeholder: being written).
