@@ -4,6 +4,8 @@
 mod error;
 pub mod gguf;
 pub mod quant;
+pub mod resolve;
+pub mod sampling;
 pub mod tokenizer;
 
 pub use error::{Error, Result};

@@ -118,6 +118,29 @@ impl CpuStorage {
         Self::from_bytes(T::DTYPE, bytes)
     }
 
+    /// Takes ownership of a typed vector without copying it.
+    pub fn from_vec<T: Element>(data: Vec<T>) -> Self {
+        // invariant: T::DTYPE names T's own type, so each cast is T -> T
+        let cast = "Element::DTYPE matches the element type";
+        match T::DTYPE {
+            DType::F32 => CpuStorage::F32(
+                bytemuck::allocation::try_cast_vec(data).unwrap_or_else(|_| unreachable!("{cast}")),
+            ),
+            DType::F16 => CpuStorage::F16(
+                bytemuck::allocation::try_cast_vec(data).unwrap_or_else(|_| unreachable!("{cast}")),
+            ),
+            DType::BF16 => CpuStorage::BF16(
+                bytemuck::allocation::try_cast_vec(data).unwrap_or_else(|_| unreachable!("{cast}")),
+            ),
+            DType::U32 => CpuStorage::U32(
+                bytemuck::allocation::try_cast_vec(data).unwrap_or_else(|_| unreachable!("{cast}")),
+            ),
+            DType::I64 => CpuStorage::I64(
+                bytemuck::allocation::try_cast_vec(data).unwrap_or_else(|_| unreachable!("{cast}")),
+            ),
+        }
+    }
+
     /// Elements from little-endian bytes (`bytes.len()` is a multiple of the element size).
     pub fn from_bytes(dtype: DType, bytes: &[u8]) -> Self {
         fn v<T: bytemuck::Pod>(b: &[u8]) -> Vec<T> {

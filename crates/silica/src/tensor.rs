@@ -131,7 +131,16 @@ impl Tensor {
 
     /// Like [`Tensor::from_slice`], taking ownership of the vector.
     pub fn from_vec<T: Element>(data: Vec<T>, shape: &[usize], device: &Device) -> Result<Tensor> {
-        Tensor::from_slice(&data, shape, device)
+        let expected = checked_numel("from_vec", shape)?;
+        if expected != data.len() {
+            return Err(Error::ElementCount {
+                op: "from_vec",
+                shape: shape.to_vec(),
+                expected,
+                got: data.len(),
+            });
+        }
+        Tensor::from_cpu(CpuStorage::from_vec(data), shape, device)
     }
 
     pub(crate) fn from_cpu(data: CpuStorage, shape: &[usize], device: &Device) -> Result<Tensor> {
