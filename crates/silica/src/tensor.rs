@@ -239,20 +239,21 @@ impl Tensor {
         Ok(self.to_host()?.to_f64())
     }
 
-    /// A contiguous host copy of the elements of this view.
+    /// A contiguous host copy of the elements of this view. A GPU view is
+    /// read back as the storage range it spans and gathered on the host, so
+    /// no GPU op runs (check mode compares ops through this path).
     pub(crate) fn to_host(&self) -> Result<CpuStorage> {
-        match self.storage.as_ref() {
-            Storage::Cpu(c) => Ok(c.gather(&self.layout)),
-            Storage::Gpu(_) => {
-                let t = self.contiguous()?;
-                match (t.storage.as_ref(), &t.device) {
-                    (Storage::Gpu(b), Device::Gpu(g)) => {
-                        g.download(b, t.layout.offset(), t.numel(), t.dtype)
-                    }
-                    // invariant: contiguous() keeps the tensor on its device
-                    _ => unreachable!("contiguous moved a GPU tensor off its device"),
-                }
+        match (self.storage.as_ref(), &self.device) {
+            (Storage::Cpu(c), _) => Ok(c.gather(&self.layout)),
+            (Storage::Gpu(b), Device::Gpu(g)) => {
+                let start = self.layout.offset();
+                let span = self.layout.storage_extent().saturating_sub(start);
+                let range = g.download(b, start, span, self.dtype)?;
+                let local = Layout::new(self.shape().to_vec(), self.layout.strides().to_vec(), 0);
+                Ok(range.gather(&local))
             }
+            // invariant: GPU storage is only ever created on a GPU device
+            (Storage::Gpu(_), Device::Cpu) => unreachable!("GPU storage on the CPU device"),
         }
     }
 
