@@ -6,6 +6,9 @@
 //! `RUST_BACKTRACE` is set.
 
 mod devices;
+mod embed;
+mod generate;
+mod models;
 
 use std::io::{self, IsTerminal, Write};
 use std::panic::{self, AssertUnwindSafe};
@@ -25,6 +28,14 @@ struct Cli {
 enum Command {
     /// List the CPU and every GPU adapter, and mark the default device.
     Devices(devices::DevicesArgs),
+    /// Embed sentences with a sentence encoder (default: all-MiniLM-L6-v2):
+    /// print their cosine similarities, or write the vectors (.npy, .jsonl).
+    Embed(embed::EmbedArgs),
+    /// List the built-in default models, their cache paths and whether they
+    /// are cached.
+    Models(models::ModelsArgs),
+    /// Generate text with a Llama-family model (default: SmolLM2-135M-Instruct).
+    Generate(generate::GenerateArgs),
 }
 
 /// A failure to report as `error: <message>` (exit status 2).
@@ -34,6 +45,13 @@ pub struct CliError(String);
 impl<E: std::error::Error> From<E> for CliError {
     fn from(e: E) -> Self {
         CliError(e.to_string())
+    }
+}
+
+impl CliError {
+    /// An error from a message.
+    pub fn msg(msg: String) -> Self {
+        CliError(msg)
     }
 }
 
@@ -58,6 +76,9 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
         Command::Devices(args) => devices::run(&args),
+        Command::Embed(args) => embed::run(&args),
+        Command::Models(args) => models::run(&args),
+        Command::Generate(args) => generate::run(&args),
     }
 }
 

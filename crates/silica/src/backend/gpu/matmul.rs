@@ -1,4 +1,4 @@
-//! Launcher of the tiled matmul kernel.
+//! Launchers of the matmul kernels: tiled for many rows, GEMV-style for few.
 
 use super::elementwise::{buffer, pack, params, to_u32, via_f32};
 use super::{Context, Kernel};
@@ -10,6 +10,17 @@ pub(crate) static MATMUL: Kernel = Kernel {
     source: concat!(include_str!("common.wgsl"), include_str!("matmul.wgsl")),
     inputs: 2,
 };
+
+pub(crate) static GEMV: Kernel = Kernel {
+    name: "gemv",
+    source: concat!(include_str!("common.wgsl"), include_str!("gemv.wgsl")),
+    inputs: 2,
+};
+
+/// Rows of `a` up to which the GEMV kernel is used.
+const GEMV_MAX_M: usize = 8;
+/// Output columns per GEMV workgroup.
+const GEMV_COLS: usize = 8;
 
 /// The batch part (all dimensions but the last two) of a layout, merged
 /// where contiguous, with the batch strides of both operands.
@@ -36,7 +47,11 @@ pub(crate) fn matmul(
     let r = out_shape.len();
     let (m, n, k) = (out_shape[r - 2], out_shape[r - 1], a.shape()[r - 1]);
     let batches: usize = out_shape[..r - 2].iter().product();
-    let grid = [n.div_ceil(64), m.div_ceil(64), batches];
+    let (kernel, grid) = if m <= GEMV_MAX_M {
+        (&GEMV, [n.div_ceil(GEMV_COLS), 1, batches])
+    } else {
+        (&MATMUL, [n.div_ceil(64), m.div_ceil(64), batches])
+    };
     if grid.iter().any(|&g| g > ctx.max_groups() as usize) {
         return Err(Error::NotSupported {
             op: "matmul",
@@ -67,7 +82,7 @@ pub(crate) fn matmul(
     );
     via_f32(ctx, out_shape, out, out_dtype, |dst, dt| {
         ctx.dispatch(
-            &MATMUL,
+            kernel,
             &[
                 ("IN_DT", a.dtype().gpu_code() as f64),
                 ("OUT_DT", dt.gpu_code() as f64),
@@ -86,6 +101,7 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
     for dt in [0.0, 1.0, 2.0] {
         for o in [dt, 0.0] {
             out.push((&MATMUL, vec![("IN_DT", dt), ("OUT_DT", o)]));
+            out.push((&GEMV, vec![("IN_DT", dt), ("OUT_DT", o)]));
         }
     }
     out

@@ -1,0 +1,107 @@
+//! The generation loop: prefill the prompt in one batch, then decode one
+//! token at a time, streaming text as it forms.
+
+use std::time::{Duration, Instant};
+
+use crate::llama::Llama;
+use crate::sampling::Sampler;
+use crate::tokenizer::{TokenStream, Tokenizer};
+use crate::{Error, Result};
+
+/// What a generation did and how fast.
+#[derive(Clone, Debug, Default)]
+pub struct GenerationStats {
+    pub prompt_tokens: usize,
+    pub generated_tokens: usize,
+    pub prefill_time: Duration,
+    pub decode_time: Duration,
+    /// Why it stopped: `eos`, `stop string`, `max tokens` or `context full`.
+    pub stop_reason: &'static str,
+    pub tokens: Vec<u32>,
+}
+
+impl GenerationStats {
+    /// Tokens per second of the decode phase (after the first generated token).
+    pub fn decode_tokens_per_second(&self) -> f64 {
+        let n = self.generated_tokens.saturating_sub(1);
+        if n == 0 || self.decode_time.is_zero() {
+            return 0.0;
+        }
+        n as f64 / self.decode_time.as_secs_f64()
+    }
+}
+
+/// Generates up to `max_tokens` after `prompt` (token ids), calling
+/// `on_text` with each piece of decoded text. Stops at an end-of-sequence
+/// token, at one of `stop` strings (not printed), or when the context is full.
+pub fn generate(
+    model: &Llama,
+    tokenizer: &Tokenizer,
+    prompt: &[u32],
+    sampler: &mut Sampler,
+    max_tokens: usize,
+    stop: &[String],
+    mut on_text: impl FnMut(&str),
+) -> Result<GenerationStats> {
+    if prompt.is_empty() {
+        return Err(Error::InvalidInput("the prompt is empty".into()));
+    }
+    let context = model.config.context_length;
+    if prompt.len() >= context {
+        return Err(Error::InvalidInput(format!(
+            "the prompt has {} tokens; the model's context holds {context}",
+            prompt.len()
+        )));
+    }
+    let mut cache = model.new_cache();
+    let mut stats = GenerationStats {
+        prompt_tokens: prompt.len(),
+        stop_reason: "max tokens",
+        ..Default::default()
+    };
+    let mut history = prompt.to_vec();
+    let mut stream = TokenStream::new(tokenizer);
+    let mut text = String::new();
+    let t0 = Instant::now();
+    let mut logits = model.forward(prompt, &mut cache, true)?.to_vec::<f32>()?;
+    stats.prefill_time = t0.elapsed();
+    let t1 = Instant::now();
+    while stats.generated_tokens < max_tokens {
+        let next = sampler.sample(&logits, &history);
+        if tokenizer.is_eos(next) {
+            stats.stop_reason = "eos";
+            break;
+        }
+        history.push(next);
+        stats.tokens.push(next);
+        stats.generated_tokens += 1;
+        if let Some(piece) = stream.push(next)? {
+            text.push_str(&piece);
+            if let Some(cut) = stop.iter().filter_map(|s| text.find(s.as_str())).min() {
+                // print what came before the stop string, then end
+                let printed = text.len() - piece.len();
+                if cut > printed {
+                    on_text(&text[printed..cut]);
+                }
+                stats.stop_reason = "stop string";
+                break;
+            }
+            on_text(&piece);
+        }
+        if stats.generated_tokens == max_tokens {
+            break;
+        }
+        if cache.len() + 1 > context {
+            stats.stop_reason = "context full";
+            break;
+        }
+        logits = model.forward(&[next], &mut cache, true)?.to_vec::<f32>()?;
+    }
+    if stats.stop_reason != "stop string"
+        && let Some(rest) = stream.finish()?
+    {
+        on_text(&rest);
+    }
+    stats.decode_time = t1.elapsed();
+    Ok(stats)
+}

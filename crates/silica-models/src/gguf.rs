@@ -1,1 +1,0 @@
-//! GGUF files (placeholder: being written).

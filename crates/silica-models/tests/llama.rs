@@ -1,0 +1,134 @@
+//! SmolLM2-135M-Instruct (the default decoder) against an independent
+//! reference: logits and greedy continuations computed by Hugging Face
+//! transformers on the same dequantized weights (scripts/reference_smollm2.py,
+//! output in tests/golden/smollm2.json), on the CPU and on every GPU adapter.
+
+use serde_json::Value;
+use silica::{DType, Device};
+use silica_models::gguf::GgufFile;
+use silica_models::llama::Llama;
+use silica_models::resolve::resolve_decoder;
+use silica_models::sampling::argmax;
+
+const MAX_ABS_ERR: f32 = 1e-3;
+
+fn golden() -> Value {
+    serde_json::from_str(include_str!("golden/smollm2.json")).expect("golden file parses")
+}
+
+fn ids_of(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .expect("an id list")
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+/// Devices to check: the CPU and every GPU adapter (a failure, not a skip,
+/// when `SILICA_REQUIRE_GPU=1` and there is none).
+fn devices() -> Vec<Device> {
+    let mut out = vec![Device::cpu()];
+    let n = silica::adapters().len();
+    if n == 0 {
+        assert!(
+            std::env::var("SILICA_REQUIRE_GPU").as_deref() != Ok("1"),
+            "SILICA_REQUIRE_GPU=1 but no GPU adapter"
+        );
+        eprintln!("no GPU adapter: CPU only");
+    }
+    out.extend((0..n).map(|i| Device::gpu(i).expect("the adapter opens")));
+    out
+}
+
+fn check_on(dev: &Device, gguf: &GgufFile, golden: &Value) {
+    let model = Llama::load(gguf, dev, DType::F32).unwrap();
+    let vocab = model.config.vocab_size;
+    for prompt in golden["prompts"].as_array().unwrap() {
+        let name = prompt["name"].as_str().unwrap();
+        let ids = ids_of(&prompt["ids"]);
+        let mut cache = model.new_cache();
+        let logits: Vec<f32> = model
+            .forward(&ids, &mut cache, false)
+            .unwrap()
+            .to_vec()
+            .unwrap();
+        assert_eq!(logits.len(), ids.len() * vocab);
+        let mut worst = 0f32;
+        for pos in prompt["positions"].as_array().unwrap() {
+            let p = pos["position"].as_u64().unwrap() as usize;
+            let row = &logits[p * vocab..(p + 1) * vocab];
+            for (i, want) in pos["logits_first_512"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .enumerate()
+            {
+                worst = worst.max((row[i] - want.as_f64().unwrap() as f32).abs());
+            }
+            assert_eq!(
+                argmax(row) as u64,
+                pos["argmax"].as_u64().unwrap(),
+                "{dev} {name} position {p}"
+            );
+        }
+        let last = prompt["last_position"].as_u64().unwrap() as usize;
+        let row = &logits[last * vocab..(last + 1) * vocab];
+        for pair in prompt["last_top50"].as_array().unwrap() {
+            let (id, want) = (
+                pair[0].as_u64().unwrap() as usize,
+                pair[1].as_f64().unwrap() as f32,
+            );
+            worst = worst.max((row[id] - want).abs());
+        }
+        assert!(
+            worst <= MAX_ABS_ERR,
+            "{dev} {name}: logits differ by {worst} (limit {MAX_ABS_ERR})"
+        );
+
+        // greedy continuation with the KV cache, one token at a time
+        // (the reference stops early at an end-of-sequence token, which is compared too)
+        let want = ids_of(&prompt["greedy"]["ids"]);
+        let at_eos = prompt["greedy"]["stopped_at_eos"]
+            .as_bool()
+            .unwrap_or(false);
+        assert!(
+            want.len() >= 24 || at_eos,
+            "{name}: the golden continuation is too short"
+        );
+        let mut got = Vec::new();
+        let mut next = argmax(row);
+        while got.len() < want.len() {
+            got.push(next);
+            let l: Vec<f32> = model
+                .forward(&[next], &mut cache, true)
+                .unwrap()
+                .to_vec()
+                .unwrap();
+            next = argmax(&l);
+        }
+        assert_eq!(got, want, "{dev} {name}: greedy tokens differ");
+        eprintln!(
+            "{dev} {name}: logits within {worst:.2e} of the reference, {} greedy tokens identical",
+            got.len()
+        );
+    }
+}
+
+#[test]
+fn smollm2_matches_the_reference_on_every_device() {
+    let path = resolve_decoder(None).expect("the default decoder resolves");
+    let gguf = GgufFile::open(&path).unwrap();
+    let golden = golden();
+    let longest = golden["prompts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["greedy"]["ids"].as_array().unwrap().len());
+    assert!(
+        longest.max().unwrap() >= 24,
+        "no golden continuation of 24 tokens or more"
+    );
+    for dev in devices() {
+        check_on(&dev, &gguf, &golden);
+    }
+}

@@ -1,0 +1,85 @@
+// gemv.wgsl — matmul for few rows of a (M <= 8: decode steps). A group of
+// 32 threads computes one column of dst for all rows, striding along K, so
+// that a weight stored row-major as [N, K] and used transposed (b = w.t(),
+// the usual x @ wᵀ) is read contiguously; 8 columns per workgroup. The
+// same Params and bindings as matmul.wgsl.
+
+struct Params {
+    m: u32,
+    n: u32,
+    k: u32,
+    batch_rank: u32,
+    off_a: u32,
+    off_b: u32,
+    sa_m: u32,
+    sa_k: u32,
+    sb_k: u32,
+    sb_n: u32,
+    _pad0: u32,
+    _pad1: u32,
+    batch_shape: array<vec4<u32>, 2>,
+    batch_strides_a: array<vec4<u32>, 2>,
+    batch_strides_b: array<vec4<u32>, 2>,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> src_a: array<u32>;
+@group(0) @binding(2) var<storage, read> src_b: array<u32>;
+@group(0) @binding(3) var<storage, read_write> dst: array<u32>;
+
+override IN_DT: u32 = 0u;
+override OUT_DT: u32 = 0u;
+
+const LANES: u32 = 32u;
+const MAX_M: u32 = 8u;
+
+var<workgroup> partial: array<f32, 2048>; // [MAX_M][256]
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let z = wid.z;
+    let a0 = p.off_a + strided_offset(z, p.batch_rank, p.batch_shape, p.batch_strides_a);
+    let b0 = p.off_b + strided_offset(z, p.batch_rank, p.batch_shape, p.batch_strides_b);
+    let lane = lid % LANES;
+    let col = wid.x * (WG / LANES) + lid / LANES;
+    var acc: array<f32, 8>;
+    if col < p.n {
+        for (var k = lane; k < p.k; k += LANES) {
+            let eb = b0 + k * p.sb_k + col * p.sb_n;
+            let bv = decode(src_b[word_index(eb, IN_DT)], eb, IN_DT);
+            for (var r = 0u; r < p.m; r++) {
+                let ea = a0 + r * p.sa_m + k * p.sa_k;
+                acc[r] = fma(decode(src_a[word_index(ea, IN_DT)], ea, IN_DT), bv, acc[r]);
+            }
+        }
+    }
+    for (var r = 0u; r < MAX_M; r++) {
+        partial[r * WG + lid] = acc[r];
+    }
+    workgroupBarrier();
+    for (var s = LANES / 2u; s > 0u; s >>= 1u) {
+        if lane < s {
+            for (var r = 0u; r < p.m; r++) {
+                partial[r * WG + lid] += partial[r * WG + lid + s];
+            }
+        }
+        workgroupBarrier();
+    }
+    if lane != 0u || col >= p.n {
+        return;
+    }
+    let out0 = z * p.m * p.n;
+    for (var r = 0u; r < p.m; r++) {
+        let e = out0 + r * p.n + col;
+        let v = partial[r * WG + lid];
+        if OUT_DT == 1u || OUT_DT == 2u {
+            // N is even (the launcher goes through f32 otherwise): the even
+            // column writes the word it shares with the next one
+            if col % 2u == 0u {
+                dst[e >> 1u] = encode_pair(v, partial[r * WG + lid + LANES], OUT_DT);
+            }
+        } else {
+            dst[e] = bitcast<u32>(v);
+        }
+    }
+}
