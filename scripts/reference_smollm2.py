@@ -5,7 +5,7 @@ Loads the GGUF file with transformers (which dequantizes the weights to f32 and
 builds a tokenizer from the GGUF metadata), then writes two golden files:
 
   crates/silica-models/tests/golden/smollm2.json
-      for two prompts: the text, its token ids, the logits of the first 4
+      for three prompts (one raw, two chat): the text, its token ids, the logits of the first 4
       positions over the first 512 vocabulary entries, the argmax and top-10 of
       those positions (over the full vocabulary), the top-50 logits of the last
       prompt position and the greedy continuation of 32 new tokens.
@@ -210,7 +210,10 @@ def main():
         add_generation_prompt=True,
         tokenize=False,
     )
-    prompts = [prompt_record(model, tok, p) for p in (p1, p2)]
+    # a chat prompt whose answer runs past 24 tokens (P2's stops at EOS after 8)
+    p3_messages = [{"role": "user", "content": "Write a short story about a robot who learns to paint."}]
+    p3 = tok.apply_chat_template(p3_messages, add_generation_prompt=True, tokenize=False)
+    prompts = [prompt_record(model, tok, p) for p in (p1, p2, p3)]
     model_golden = {
         "model": name,
         "generated_by": "scripts/reference_smollm2.py",
@@ -231,6 +234,13 @@ def main():
                 "messages": [{"role": "user", "content": "What is the capital of France?"}],
                 "add_generation_prompt": True,
                 **prompts[1],
+            },
+            {
+                "name": "P3",
+                "chat": True,
+                "messages": p3_messages,
+                "add_generation_prompt": True,
+                **prompts[2],
             },
         ],
     }
