@@ -591,7 +591,7 @@ fn smollm2_prompts_match_golden() {
     let tok = Tokenizer::from_gguf(&file).unwrap();
     let g = golden("smollm2.json");
     let prompts = g["prompts"].as_array().unwrap();
-    assert_eq!(prompts.len(), 2);
+    assert_eq!(prompts.len(), 3);
     for p in prompts {
         let text = p["text"].as_str().unwrap();
         assert_eq!(
@@ -620,13 +620,16 @@ fn smollm2_prompts_match_golden() {
         );
     }
 
-    // the chat template from the file renders P2, which encodes to P2's ids
+    // the chat template from the file renders the chat prompts (P2, P3),
+    // which encode to their ids
     let source = file.get("tokenizer.chat_template").and_then(|v| v.as_str());
     let template = ChatTemplate::detect(source).expect("SmolLM2's template is ChatML");
-    let p2 = &prompts[1];
-    let rendered = template.render(&[Message::user("What is the capital of France?")], true);
-    assert_eq!(rendered, p2["text"].as_str().unwrap());
-    assert_eq!(tok.encode(&rendered, false).unwrap(), ids_of(&p2["ids"]));
+    for p in prompts.iter().filter(|p| p["chat"].as_bool() == Some(true)) {
+        let user = p["messages"][0]["content"].as_str().unwrap();
+        let rendered = template.render(&[Message::user(user)], true);
+        assert_eq!(rendered, p["text"].as_str().unwrap());
+        assert_eq!(tok.encode(&rendered, false).unwrap(), ids_of(&p["ids"]));
+    }
 }
 
 #[test]

@@ -5,8 +5,6 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use wgpu::util::DeviceExt;
-
 use crate::memory::{GpuBuffer, MemoryPool};
 use crate::{DeviceInfo, Error, Result};
 
@@ -27,8 +25,23 @@ pub(crate) struct Kernel {
 
 type PipelineKey = (&'static str, Vec<(&'static str, u64)>);
 
+/// Bytes of one parameter slab: one 256-byte slot per dispatch of a batch.
+const SLAB_BYTES: u64 = 256 * DISPATCH_BUDGET as u64;
+
+/// Work recorded but not yet submitted.
 struct Pending {
+    /// The open compute pass that consecutive dispatches share; dropped
+    /// (ended) before a copy is recorded and before submitting.
+    pass: Option<wgpu::ComputePass<'static>>,
     encoder: Option<wgpu::CommandEncoder>,
+    /// The uniform buffer that this batch's kernel parameters go into, one
+    /// slot per dispatch. It stays mapped while slots are written and is
+    /// unmapped just before the batch is submitted.
+    slab: Option<wgpu::Buffer>,
+    /// Filled slabs of this batch, to unmap at submit.
+    full_slabs: Vec<wgpu::Buffer>,
+    /// Next free byte of `slab`.
+    slot: u64,
     dispatches: u32,
 }
 
@@ -97,7 +110,11 @@ impl Context {
             pipelines: Mutex::new(HashMap::new()),
             layouts: Mutex::new(HashMap::new()),
             pending: Mutex::new(Pending {
+                pass: None,
                 encoder: None,
+                slab: None,
+                full_slabs: Vec::new(),
+                slot: 0,
                 dispatches: 0,
             }),
             lost,
@@ -150,26 +167,30 @@ impl Context {
         }
     }
 
-    /// Runs `f` on the pending encoder, creating it if needed; `f` also gets
-    /// the number of dispatches recorded since the last submit.
-    fn record<R>(&self, f: impl FnOnce(&mut wgpu::CommandEncoder, &mut u32) -> R) -> R {
+    /// Runs `f` on the pending encoder (outside any compute pass), creating
+    /// the encoder if needed.
+    fn record<R>(&self, f: impl FnOnce(&mut wgpu::CommandEncoder) -> R) -> R {
         let mut p = lock(&self.pending);
-        let Pending {
-            encoder,
-            dispatches,
-        } = &mut *p;
-        let enc = encoder.get_or_insert_with(|| {
+        // copies cannot be recorded inside a compute pass: end it
+        p.pass = None;
+        let enc = p.encoder.get_or_insert_with(|| {
             self.device
                 .create_command_encoder(&wgpu::CommandEncoderDescriptor {
                     label: Some("silica ops"),
                 })
         });
-        f(enc, dispatches)
+        f(enc)
     }
 
     /// Submits the pending encoder (without waiting for it).
     pub fn flush(&self) {
-        let mut p = lock(&self.pending);
+        let mut guard = lock(&self.pending);
+        let p = &mut *guard;
+        p.pass = None;
+        for slab in p.full_slabs.drain(..).chain(p.slab.take()) {
+            slab.unmap();
+        }
+        p.slot = 0;
         p.dispatches = 0;
         if let Some(enc) = p.encoder.take() {
             self.queue.submit([enc.finish()]);
@@ -205,13 +226,13 @@ impl Context {
             view.slice(..data.len()).copy_from_slice(data);
         }
         staging.unmap();
-        self.record(|enc, _| enc.copy_buffer_to_buffer(&staging, 0, dst.raw(), 0, padded));
+        self.record(|enc| enc.copy_buffer_to_buffer(&staging, 0, dst.raw(), 0, padded));
         Ok(())
     }
 
     /// Records zeroing of a whole buffer.
     pub fn clear(&self, buf: &GpuBuffer) {
-        self.record(|enc, _| enc.clear_buffer(buf.raw(), 0, None));
+        self.record(|enc| enc.clear_buffer(buf.raw(), 0, None));
     }
 
     /// Reads `size` bytes at `offset` (both multiples of 4), waiting for all pending work.
@@ -223,7 +244,7 @@ impl Context {
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        self.record(|enc, _| enc.copy_buffer_to_buffer(src, offset, &staging, 0, size));
+        self.record(|enc| enc.copy_buffer_to_buffer(src, offset, &staging, 0, size));
         self.flush();
         let (tx, rx) = std::sync::mpsc::channel();
         staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
@@ -377,16 +398,38 @@ impl Context {
         self.check_alive()?;
         let pipeline = self.pipeline(kernel, constants)?;
         let (bgl, _) = self.layout(kernel.inputs);
-        let uniform = self
-            .device
-            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+        let mut guard = lock(&self.pending);
+        let p = &mut *guard;
+        // a parameter slot: params are at most 256 bytes, the largest
+        // uniform offset alignment wgpu allows
+        debug_assert!(params.len() <= 256 && params.len() % 4 == 0);
+        if p.slab.is_none() || p.slot + 256 > SLAB_BYTES {
+            if let Some(full) = p.slab.take() {
+                p.full_slabs.push(full);
+            }
+            p.slab = Some(self.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("silica params"),
-                contents: params,
+                size: SLAB_BYTES,
                 usage: wgpu::BufferUsages::UNIFORM,
-            });
+                mapped_at_creation: true,
+            }));
+            p.slot = 0;
+        }
+        // invariant: a slab was put in place just above
+        let slab = p.slab.as_ref().expect("a parameter slab");
+        let offset = p.slot;
+        p.slot += 256;
+        slab.slice(offset..offset + params.len() as u64)
+            .get_mapped_range_mut()
+            .map_err(|e| self.gpu_err(e))?
+            .copy_from_slice(params);
         let mut entries = vec![wgpu::BindGroupEntry {
             binding: 0,
-            resource: uniform.as_entire_binding(),
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: slab,
+                offset,
+                size: wgpu::BufferSize::new(params.len() as u64),
+            }),
         }];
         for (i, b) in inputs.iter().enumerate() {
             entries.push(wgpu::BindGroupEntry {
@@ -403,19 +446,27 @@ impl Context {
             layout: &bgl,
             entries: &entries,
         });
-        let submit = self.record(|enc, dispatches| {
-            {
-                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                    label: Some(kernel.name),
-                    timestamp_writes: None,
-                });
-                pass.set_pipeline(&pipeline);
-                pass.set_bind_group(0, &bind_group, &[]);
-                pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
-            }
-            *dispatches += 1;
-            *dispatches >= DISPATCH_BUDGET
-        });
+        if p.pass.is_none() {
+            let enc = p.encoder.get_or_insert_with(|| {
+                self.device
+                    .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                        label: Some("silica ops"),
+                    })
+            });
+            let pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("silica kernels"),
+                timestamp_writes: None,
+            });
+            p.pass = Some(pass.forget_lifetime());
+        }
+        // invariant: the pass was opened just above if there was none
+        let pass = p.pass.as_mut().expect("an open compute pass");
+        pass.set_pipeline(&pipeline);
+        pass.set_bind_group(0, &bind_group, &[]);
+        pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+        p.dispatches += 1;
+        let submit = p.dispatches >= DISPATCH_BUDGET;
+        drop(guard);
         if submit {
             self.flush();
         }
