@@ -402,7 +402,7 @@ impl Context {
         let p = &mut *guard;
         // a parameter slot: params are at most 256 bytes, the largest
         // uniform offset alignment wgpu allows
-        debug_assert!(params.len() <= 256 && params.len() % 4 == 0);
+        debug_assert!(params.len() <= 256 && params.len().is_multiple_of(4));
         if p.slab.is_none() || p.slot + 256 > SLAB_BYTES {
             if let Some(full) = p.slab.take() {
                 p.full_slabs.push(full);
