@@ -186,9 +186,11 @@ fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
     })
 }
 
+/// RMSNorm, computed in f32: squares of the residual stream overflow f16.
 fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
-    let scale = x.sqr()?.mean(-1, true)?.add_scalar(eps as f32)?.rsqrt()?;
-    Ok(x.mul(&scale)?.mul(w)?)
+    let x32 = x.to_dtype(DType::F32)?;
+    let scale = x32.sqr()?.mean(-1, true)?.add_scalar(eps as f32)?.rsqrt()?;
+    Ok(x32.mul(&scale)?.to_dtype(x.dtype())?.mul(w)?)
 }
 
 impl Llama {
@@ -320,7 +322,7 @@ impl Llama {
     }
 
     /// Runs `ids` (the positions after those cached) through the model and
-    /// returns logits `[ids.len(), vocab]`, or `[1, vocab]` for the last
+    /// returns f32 logits `[ids.len(), vocab]`, or `[1, vocab]` for the last
     /// position only when `last_only`.
     pub fn forward(&self, ids: &[u32], cache: &mut KvCache, last_only: bool) -> Result<Tensor> {
         let c = &self.config;
@@ -411,6 +413,7 @@ impl Llama {
         cache.len = total;
         let x = if last_only { x.narrow(0, t - 1, 1)? } else { x };
         let x = rms_norm(&x, &self.out_norm, c.rms_eps)?;
-        linear(&x, &self.lm_head, None)
+        // logits leave in f32 whatever the compute dtype: sampling reads them on the host
+        Ok(linear(&x, &self.lm_head, None)?.to_dtype(DType::F32)?)
     }
 }

@@ -132,3 +132,39 @@ fn smollm2_matches_the_reference_on_every_device() {
         check_on(&dev, &gguf, &golden);
     }
 }
+
+/// Half-precision compute: the logits still come back as f32 and the greedy
+/// continuation of P1 starts like the reference's (regression test: f16
+/// generation used to fail reading f16 logits as f32).
+#[test]
+fn smollm2_runs_in_f16_and_bf16() {
+    let path = resolve_decoder(None).expect("the default decoder resolves");
+    let gguf = GgufFile::open(&path).unwrap();
+    let golden = golden();
+    let p1 = &golden["prompts"][0];
+    let ids = ids_of(&p1["ids"]);
+    let want = ids_of(&p1["greedy"]["ids"]);
+    for dtype in [DType::F16, DType::BF16] {
+        let model = Llama::load(&gguf, &Device::cpu(), dtype).unwrap();
+        let mut cache = model.new_cache();
+        let logits = model.forward(&ids, &mut cache, true).unwrap();
+        assert_eq!(logits.dtype(), DType::F32);
+        let mut next = argmax(&logits.to_vec::<f32>().unwrap());
+        let mut got = vec![next];
+        for _ in 0..3 {
+            next = argmax(
+                &model
+                    .forward(&[next], &mut cache, true)
+                    .unwrap()
+                    .to_vec::<f32>()
+                    .unwrap(),
+            );
+            got.push(next);
+        }
+        assert_eq!(
+            got,
+            want[..4],
+            "{dtype}: the first greedy tokens differ from the f32 reference"
+        );
+    }
+}
