@@ -242,7 +242,7 @@ pub fn resolve_encoder(spec: Option<&str>) -> Result<PathBuf> {
     let Some(spec) = spec else {
         return DEFAULT_ENCODER.resolve();
     };
-    let path = PathBuf::from(spec);
+    let mut path = PathBuf::from(spec);
     if !path.exists() && DEFAULT_ALIASES.contains(&spec.to_ascii_lowercase().as_str()) {
         return DEFAULT_ENCODER.resolve();
     }
@@ -250,6 +250,9 @@ pub fn resolve_encoder(spec: Option<&str>) -> Result<PathBuf> {
         model: spec.to_string(),
         msg,
     };
+    if crate::resolve::is_hf_id(spec) {
+        path = crate::resolve::hf_snapshot(spec)?;
+    }
     let dir = if path.is_dir() {
         path
     } else if path.is_file() {
@@ -264,8 +267,7 @@ pub fn resolve_encoder(spec: Option<&str>) -> Result<PathBuf> {
         }
     } else {
         return Err(err(
-            "no such folder (Hugging Face ids are not resolved: download the model folder and pass its path)"
-                .into(),
+            "no such folder, and not a Hugging Face id (org/name)".into()
         ));
     };
     let missing = missing_files(&dir);

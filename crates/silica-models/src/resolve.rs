@@ -177,15 +177,94 @@ pub fn sha256_file(path: &Path) -> Result<String> {
     Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }
 
+/// The Hugging Face hub cache: `$HF_HUB_CACHE`, else `$HF_HOME/hub`, else
+/// `~/.cache/huggingface/hub`.
+pub fn hf_cache_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("HF_HUB_CACHE").filter(|d| !d.is_empty()) {
+        return PathBuf::from(d);
+    }
+    if let Some(d) = std::env::var_os("HF_HOME").filter(|d| !d.is_empty()) {
+        return PathBuf::from(d).join("hub");
+    }
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("."));
+    home.join(".cache").join("huggingface").join("hub")
+}
+
+/// Whether `spec` looks like a Hugging Face model id (`org/name`).
+pub fn is_hf_id(spec: &str) -> bool {
+    let mut parts = spec.split('/');
+    let ok = |p: Option<&str>| {
+        p.is_some_and(|p| {
+            !p.is_empty()
+                && p.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        })
+    };
+    ok(parts.next()) && ok(parts.next()) && parts.next().is_none() && !Path::new(spec).exists()
+}
+
+/// The snapshot folder of model `id` in the hub cache at `root`: the
+/// revision `refs/main` names, else the only snapshot there is.
+/// `Ok(None)` when the model is not in the cache.
+pub fn hf_snapshot_in(root: &Path, id: &str) -> Result<Option<PathBuf>> {
+    let repo = root.join(format!("models--{}", id.replace('/', "--")));
+    let snapshots = repo.join("snapshots");
+    if !snapshots.is_dir() {
+        return Ok(None);
+    }
+    if let Ok(rev) = std::fs::read_to_string(repo.join("refs").join("main")) {
+        let dir = snapshots.join(rev.trim());
+        if dir.is_dir() {
+            return Ok(Some(dir));
+        }
+    }
+    let dirs: Vec<PathBuf> = std::fs::read_dir(&snapshots)
+        .map_err(|e| io_err(&snapshots, e))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_dir())
+        .collect();
+    match dirs.as_slice() {
+        [one] => Ok(Some(one.clone())),
+        [] => Ok(None),
+        _ => Err(Error::Resolve {
+            model: id.into(),
+            msg: format!(
+                "{} holds several snapshots and no refs/main",
+                snapshots.display()
+            ),
+        }),
+    }
+}
+
+/// A Hugging Face model id resolved through the hub cache layout. Models
+/// are not downloaded from the hub (yet): fetch them with the hub's own
+/// tools (`huggingface-cli download ID`) first.
+pub fn hf_snapshot(id: &str) -> Result<PathBuf> {
+    let root = hf_cache_dir();
+    hf_snapshot_in(&root, id)?.ok_or_else(|| Error::Resolve {
+        model: id.into(),
+        msg: format!(
+            "not in the Hugging Face cache {}; silica does not download from the hub yet (use `huggingface-cli download {id}`), or pass a local path",
+            root.display()
+        ),
+    })
+}
+
 /// A decoder model file from what the user typed: `None` is the built-in
-/// default; an existing file is used as is; a folder must hold one `.gguf`.
+/// default; an existing file is used as is; a folder (or a Hugging Face id
+/// found in the hub cache) must hold one `.gguf`.
 pub fn resolve_decoder(spec: Option<&str>) -> Result<PathBuf> {
     let Some(spec) = spec else {
         return DEFAULT_DECODER.resolve();
     };
-    let path = PathBuf::from(spec);
+    let mut path = PathBuf::from(spec);
     if path.is_file() {
         return Ok(path);
+    }
+    if is_hf_id(spec) {
+        path = hf_snapshot(spec)?;
     }
     if path.is_dir() {
         let ggufs: Vec<PathBuf> = std::fs::read_dir(&path)
@@ -207,6 +286,34 @@ pub fn resolve_decoder(spec: Option<&str>) -> Result<PathBuf> {
     }
     Err(Error::Resolve {
         model: spec.into(),
-        msg: "no such file or folder (Hugging Face ids are not resolved yet: download the .gguf and pass its path)".into(),
+        msg: "no such file or folder, and not a Hugging Face id (org/name)".into(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hub_cache_layout() {
+        let root = std::env::temp_dir().join(format!("silica-hub-{}", std::process::id()));
+        let repo = root.join("models--org--tiny");
+        let snap = repo.join("snapshots").join("abc123");
+        std::fs::create_dir_all(&snap).unwrap();
+        std::fs::write(snap.join("model.gguf"), b"x").unwrap();
+        assert_eq!(
+            hf_snapshot_in(&root, "org/tiny").unwrap(),
+            Some(snap.clone())
+        );
+        // refs/main wins over other snapshots
+        std::fs::create_dir_all(repo.join("snapshots").join("old")).unwrap();
+        assert!(hf_snapshot_in(&root, "org/tiny").is_err());
+        std::fs::create_dir_all(repo.join("refs")).unwrap();
+        std::fs::write(repo.join("refs").join("main"), "abc123\n").unwrap();
+        assert_eq!(hf_snapshot_in(&root, "org/tiny").unwrap(), Some(snap));
+        assert_eq!(hf_snapshot_in(&root, "org/absent").unwrap(), None);
+        assert!(is_hf_id("HuggingFaceTB/SmolLM2-135M-Instruct"));
+        assert!(!is_hf_id("a/b/c") && !is_hf_id("model.gguf") && !is_hf_id("/abs/x"));
+        std::fs::remove_dir_all(&root).unwrap();
+    }
 }
