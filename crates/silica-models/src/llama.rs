@@ -369,6 +369,8 @@ impl Llama {
             None
         };
         let scale = 1.0 / (hd as f32).sqrt();
+        let mut new_k = Vec::with_capacity(self.layers.len());
+        let mut new_v = Vec::with_capacity(self.layers.len());
         for (li, l) in self.layers.iter().enumerate() {
             let hn = rms_norm(&x, &l.attn_norm, c.rms_eps)?;
             let q = linear(&hn, &l.wq, l.bq.as_ref())?.reshape(&[t, h, hd])?;
@@ -402,14 +404,18 @@ impl Llama {
                 .permute(&[2, 0, 1, 3])?
                 .reshape(&[t, h * hd])?;
             x = x.add(&linear(&att, &l.wo, None)?)?;
-            cache.k[li] = Some(k_all);
-            cache.v[li] = Some(v_all);
+            new_k.push(k_all);
+            new_v.push(v_all);
 
             let hn = rms_norm(&x, &l.ffn_norm, c.rms_eps)?;
             let gate = linear(&hn, &l.w_gate, None)?.silu()?;
             let up = linear(&hn, &l.w_up, None)?;
             x = x.add(&linear(&gate.mul(&up)?, &l.w_down, None)?)?;
         }
+        // the cache changes only once every layer succeeded: a failed step
+        // leaves it as it was
+        cache.k = new_k.into_iter().map(Some).collect();
+        cache.v = new_v.into_iter().map(Some).collect();
         cache.len = total;
         let x = if last_only { x.narrow(0, t - 1, 1)? } else { x };
         let x = rms_norm(&x, &self.out_norm, c.rms_eps)?;
