@@ -5,6 +5,7 @@ pub mod bert;
 pub mod chat;
 pub mod encoder_resolve;
 mod error;
+mod file_bytes;
 pub mod generate;
 pub mod gguf;
 pub mod llama;

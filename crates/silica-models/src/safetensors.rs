@@ -14,13 +14,13 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use half::{bf16, f16};
 use safetensors::tensor::{Dtype, Metadata, SafeTensorError, SafeTensors};
 use silica::{DType, Device, Tensor};
 
+use crate::file_bytes::FileBytes;
 use crate::{Error, Result};
 
 /// The prefixes [`SafetensorsFile::find`] tries after the bare name: task
@@ -30,21 +30,6 @@ pub const NAME_PREFIXES: [&str; 3] = ["bert.", "model.", "distilbert."];
 
 /// The length field that starts every file.
 const LEN_FIELD: usize = 8;
-
-/// The bytes of a file: mapped, or owned (for [`SafetensorsFile::from_bytes`]).
-enum Data {
-    Mapped(memmap2::Mmap),
-    Owned(Vec<u8>),
-}
-
-impl Data {
-    fn bytes(&self) -> &[u8] {
-        match self {
-            Self::Mapped(m) => m,
-            Self::Owned(v) => v,
-        }
-    }
-}
 
 /// The dtype and shape of one stored tensor.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -57,7 +42,7 @@ pub struct TensorMeta {
 /// in the (memory-mapped) file until [`SafetensorsFile::load`] converts it.
 pub struct SafetensorsFile {
     path: PathBuf,
-    data: Data,
+    data: FileBytes,
     /// Where the tensor data begins (after the length field and the header).
     data_start: usize,
     metadata: Metadata,
@@ -77,33 +62,17 @@ impl SafetensorsFile {
     /// Maps the file at `path` into memory and validates it.
     pub fn open(path: impl AsRef<Path>) -> Result<SafetensorsFile> {
         let path = path.as_ref();
-        let io = |source| Error::Io {
-            path: path.to_path_buf(),
-            source,
-        };
-        let file = File::open(path).map_err(io)?;
-        let len = file.metadata().map_err(io)?.len();
-        let data = if len == 0 {
-            // Mapping an empty file fails on some systems; validation
-            // reports it as too short.
-            Data::Owned(Vec::new())
-        } else {
-            // SAFETY: the map is read-only and lives as long as `self`. Like
-            // every reader of memory-mapped files, we rely on the file not
-            // being truncated or rewritten by another process while it is
-            // open; model files are not modified in place.
-            Data::Mapped(unsafe { memmap2::Mmap::map(&file) }.map_err(io)?)
-        };
+        let data = FileBytes::map(path)?;
         Self::parse(path.to_path_buf(), data)
     }
 
     /// Reads a safetensors file held in memory; `name` stands in for the
     /// path in error messages. The same validation as [`SafetensorsFile::open`].
     pub fn from_bytes(bytes: Vec<u8>, name: &str) -> Result<SafetensorsFile> {
-        Self::parse(PathBuf::from(name), Data::Owned(bytes))
+        Self::parse(PathBuf::from(name), FileBytes::Owned(bytes))
     }
 
-    fn parse(path: PathBuf, data: Data) -> Result<SafetensorsFile> {
+    fn parse(path: PathBuf, data: FileBytes) -> Result<SafetensorsFile> {
         let bytes = data.bytes();
         // `SafeTensors::deserialize` is `read_metadata` plus a borrow of the
         // data; `read_metadata` does all the checking (header length, UTF-8,

@@ -21,9 +21,9 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
+use crate::file_bytes::FileBytes;
 use crate::quant::{self, QuantError};
 use crate::{Error, Result};
 
@@ -169,26 +169,11 @@ impl TensorInfo {
     }
 }
 
-/// The bytes of a file: mapped, or owned (for [`GgufFile::from_bytes`]).
-enum Data {
-    Mapped(memmap2::Mmap),
-    Owned(Vec<u8>),
-}
-
-impl Data {
-    fn bytes(&self) -> &[u8] {
-        match self {
-            Self::Mapped(m) => m,
-            Self::Owned(v) => v,
-        }
-    }
-}
-
 /// A parsed GGUF file. Tensor data stays in the file (memory-mapped) until
 /// asked for.
 pub struct GgufFile {
     path: PathBuf,
-    data: Data,
+    data: FileBytes,
     version: u32,
     alignment: u64,
     data_offset: u64,
@@ -216,33 +201,17 @@ impl GgufFile {
     /// Maps the file at `path` into memory and parses it.
     pub fn open(path: impl AsRef<Path>) -> Result<GgufFile> {
         let path = path.as_ref();
-        let io = |source| Error::Io {
-            path: path.to_path_buf(),
-            source,
-        };
-        let file = File::open(path).map_err(io)?;
-        let len = file.metadata().map_err(io)?.len();
-        let data = if len == 0 {
-            // Mapping an empty file fails on some systems; the parser
-            // reports it as truncated.
-            Data::Owned(Vec::new())
-        } else {
-            // SAFETY: the map is read-only and lives as long as `self`.
-            // Like every reader of memory-mapped files, we rely on the file
-            // not being truncated or rewritten by another process while it
-            // is open; model files are not modified in place.
-            Data::Mapped(unsafe { memmap2::Mmap::map(&file) }.map_err(io)?)
-        };
+        let data = FileBytes::map(path)?;
         Self::parse(path.to_path_buf(), data)
     }
 
     /// Parses a GGUF file held in memory; `name` stands in for the path in
     /// error messages. The same parser as [`GgufFile::open`].
     pub fn from_bytes(bytes: Vec<u8>, name: &str) -> Result<GgufFile> {
-        Self::parse(PathBuf::from(name), Data::Owned(bytes))
+        Self::parse(PathBuf::from(name), FileBytes::Owned(bytes))
     }
 
-    fn parse(path: PathBuf, data: Data) -> Result<GgufFile> {
+    fn parse(path: PathBuf, data: FileBytes) -> Result<GgufFile> {
         let parsed = Parser::new(data.bytes(), &path).parse()?;
         Ok(GgufFile {
             path,
