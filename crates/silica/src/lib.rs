@@ -38,5 +38,5 @@ pub use dtype::{DType, Element};
 pub use error::{Error, Result};
 pub use layout::{Layout, broadcast_shapes};
 pub use memory::MemoryStats;
-pub use ops::{BinaryOp, CmpOp, Op, ReduceOp, UnaryOp};
+pub use ops::{AttentionOpts, BinaryOp, CmpOp, Op, ReduceOp, RopeStyle, UnaryOp};
 pub use tensor::Tensor;

@@ -375,7 +375,112 @@ fn all_cases() -> Vec<Case> {
     reduce_cases(&mut cases);
     matmul_cases(&mut cases);
     data_movement_cases(&mut cases);
+    nn_cases(&mut cases);
     cases
+}
+
+/// Angle tables `[t, half]` for rotary embeddings (f32, as the op requires).
+fn rope_tables(t: usize, half: usize, dev: &Device) -> Result<(Tensor, Tensor)> {
+    let angles: Vec<f32> = (0..t * half)
+        .map(|i| (i / half) as f32 * 10_000f32.powf(-((i % half) as f32) / half as f32))
+        .collect();
+    let a = Tensor::from_vec(angles, &[t, half], &Device::cpu())?;
+    Ok((a.cos()?.to_device(dev)?, a.sin()?.to_device(dev)?))
+}
+
+fn nn_cases(cases: &mut Vec<Case>) {
+    use silica::{AttentionOpts, RopeStyle};
+    for dtype in DType::FLOATS {
+        for kind in KINDS {
+            for shape in [
+                &[1usize, 7, 13][..],
+                &[65, 67],
+                &[3, 300],
+                &[2, 576],
+                &[4, 1],
+            ] {
+                let n = *shape.last().unwrap_or(&1);
+                let name = format!("rms_norm {dtype} {kind:?} {shape:?}");
+                case(cases, name, accumulating(dtype), move |d| {
+                    let w = input(Kind::Contiguous, &[n], dtype, 11, d)?;
+                    input(kind, shape, dtype, 10, d)?.rms_norm(&w, 1e-5)
+                });
+                let name = format!("layer_norm {dtype} {kind:?} {shape:?}");
+                case(cases, name, accumulating(dtype), move |d| {
+                    let w = input(Kind::Contiguous, &[n], dtype, 12, d)?;
+                    let b = input(Kind::Contiguous, &[n], dtype, 13, d)?;
+                    input(kind, shape, dtype, 10, d)?.layer_norm(&w, &b, 1e-12)
+                });
+            }
+            // [T, H, D] and [B, T, H, D]
+            for shape in [&[5usize, 3, 8][..], &[1, 9, 64], &[2, 7, 2, 6]] {
+                for style in [RopeStyle::Adjacent, RopeStyle::Half] {
+                    let name = format!("rope {style:?} {dtype} {kind:?} {shape:?}");
+                    case(cases, name, tol(dtype), move |d| {
+                        let r = shape.len();
+                        let (cos, sin) = rope_tables(shape[r - 3], shape[r - 1] / 2, d)?;
+                        input(kind, shape, dtype, 14, d)?.rope(&cos, &sin, style)
+                    });
+                }
+            }
+        }
+        // (batch, tq, tk, heads, kv heads, head size, causal, mask)
+        let shapes: [(usize, usize, usize, usize, usize, usize, bool, bool); 9] = [
+            (0, 1, 1, 1, 1, 2, false, false),
+            (0, 7, 7, 4, 2, 8, true, false),
+            (0, 1, 130, 9, 3, 64, true, false),
+            (0, 5, 70, 2, 2, 130, true, false),
+            (0, 3, 3, 2, 1, 256, false, false),
+            (2, 6, 6, 4, 4, 32, false, true),
+            (2, 65, 65, 2, 1, 16, true, true),
+            (1, 2, 9, 6, 2, 128, true, false),
+            (3, 1, 1, 2, 2, 4, false, true),
+        ];
+        for (b, tq, tk, h, kvh, hd, causal, masked) in shapes {
+            for kind in [Kind::Contiguous, Kind::Transposed, Kind::Offset] {
+                let name = format!(
+                    "attention {dtype} {kind:?} b{b} tq{tq} tk{tk} h{h}/{kvh} d{hd} causal {causal} mask {masked}"
+                );
+                case(cases, name, accumulating(dtype), move |d| {
+                    let lead = |t: usize, heads: usize| -> Vec<usize> {
+                        if b == 0 {
+                            vec![t, heads, hd]
+                        } else {
+                            vec![b, t, heads, hd]
+                        }
+                    };
+                    let q = input(kind, &lead(tq, h), dtype, 15, d)?;
+                    let k = input(kind, &lead(tk, kvh), dtype, 16, d)?;
+                    let v = input(Kind::Offset, &lead(tk, kvh), dtype, 17, d)?;
+                    // a padding mask: the last key of every other batch row hidden
+                    let mask = if masked {
+                        let bb = b.max(1);
+                        let m: Vec<f32> = (0..bb * tk)
+                            .map(|i| {
+                                if i % tk == tk - 1 && (i / tk) % 2 == 1 {
+                                    f32::NEG_INFINITY
+                                } else {
+                                    0.0
+                                }
+                            })
+                            .collect();
+                        Some(
+                            Tensor::from_vec(m, &[bb, 1, 1, tk], &Device::cpu())?
+                                .to_dtype(dtype)?
+                                .to_device(d)?,
+                        )
+                    } else {
+                        None
+                    };
+                    let opts = AttentionOpts {
+                        scale: 1.0 / (hd as f32).sqrt(),
+                        causal,
+                    };
+                    q.attention(&k, &v, mask.as_ref(), opts)
+                });
+            }
+        }
+    }
 }
 
 /// Compares one device's result with the CPU's; a message on mismatch.

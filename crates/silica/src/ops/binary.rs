@@ -15,10 +15,12 @@ pub enum BinaryOp {
     Maximum,
     Minimum,
     Pow,
+    /// `silu(a) * b`: the gated unit of SwiGLU feed-forward blocks, in one pass.
+    SiluMul,
 }
 
 impl BinaryOp {
-    pub const ALL: [BinaryOp; 7] = [
+    pub const ALL: [BinaryOp; 8] = [
         BinaryOp::Add,
         BinaryOp::Sub,
         BinaryOp::Mul,
@@ -26,6 +28,7 @@ impl BinaryOp {
         BinaryOp::Maximum,
         BinaryOp::Minimum,
         BinaryOp::Pow,
+        BinaryOp::SiluMul,
     ];
 
     pub fn name(self) -> &'static str {
@@ -37,6 +40,7 @@ impl BinaryOp {
             BinaryOp::Maximum => "maximum",
             BinaryOp::Minimum => "minimum",
             BinaryOp::Pow => "pow",
+            BinaryOp::SiluMul => "silu_mul",
         }
     }
 
@@ -49,6 +53,7 @@ impl BinaryOp {
             BinaryOp::Maximum => "maximum_scalar",
             BinaryOp::Minimum => "minimum_scalar",
             BinaryOp::Pow => "pow_scalar",
+            BinaryOp::SiluMul => "silu_mul_scalar",
         }
     }
 
@@ -62,6 +67,7 @@ impl BinaryOp {
             BinaryOp::Maximum => a.max(b),
             BinaryOp::Minimum => a.min(b),
             BinaryOp::Pow => a.powf(b),
+            BinaryOp::SiluMul => a / (1.0 + (-a).exp()) * b,
         }
     }
 }
@@ -196,7 +202,26 @@ binary_methods!(
     maximum, maximum_scalar => Maximum;
     minimum, minimum_scalar => Minimum;
     pow, pow_scalar => Pow;
+    silu_mul, silu_mul_scalar => SiluMul;
 );
+
+impl Tensor {
+    /// SwiGLU's gate: `silu(self) * up` elementwise with broadcasting, in one
+    /// kernel (`self` is the gate projection).
+    ///
+    /// ```
+    /// use silica::{DType, Device, Tensor};
+    /// let dev = Device::cpu();
+    /// let gate = Tensor::from_slice(&[0.0f32, 1.0], &[2], &dev)?;
+    /// let up = Tensor::from_slice(&[2.0f32, 2.0], &[2], &dev)?;
+    /// let y: Vec<f32> = gate.swiglu(&up)?.to_vec()?;
+    /// assert!((y[1] - 2.0 / (1.0 + (-1.0f32).exp())).abs() < 1e-6);
+    /// # Ok::<(), silica::Error>(())
+    /// ```
+    pub fn swiglu(&self, up: &Tensor) -> Result<Tensor> {
+        self.silu_mul(up)
+    }
+}
 
 macro_rules! cmp_methods {
     ($($fn_name:ident => $op:ident),* $(,)?) => {

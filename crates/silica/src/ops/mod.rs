@@ -8,10 +8,12 @@
 mod binary;
 mod index;
 mod matmul;
+mod nn;
 mod reduce;
 mod unary;
 
 pub use binary::{BinaryOp, CmpOp};
+pub use nn::{AttentionOpts, RopeStyle};
 pub use reduce::ReduceOp;
 pub use unary::UnaryOp;
 
@@ -46,6 +48,15 @@ pub enum Op {
     Cat { axis: usize },
     /// `out = src.index_select(axis, indices)`; inputs are `[src, indices]`.
     IndexSelect { axis: usize },
+    /// RMSNorm of the last dimension; inputs `[x, weight]`.
+    RmsNorm { eps: f32 },
+    /// LayerNorm of the last dimension; inputs `[x, weight, bias]`.
+    LayerNorm { eps: f32 },
+    /// Rotary embeddings; inputs `[x [.., T, H, D], cos [T, D/2], sin [T, D/2]]`.
+    Rope { style: RopeStyle },
+    /// Attention; inputs `[q, k, v]` or `[q, k, v, mask]`, all rank 4
+    /// (`[B, T, heads, D]`, the mask broadcast to `[B, H, Tq, Tk]`).
+    Attention { scale: f32, causal: bool },
 }
 
 impl Op {
@@ -65,6 +76,10 @@ impl Op {
             Op::Copy => "contiguous",
             Op::Cat { .. } => "cat",
             Op::IndexSelect { .. } => "index_select",
+            Op::RmsNorm { .. } => "rms_norm",
+            Op::LayerNorm { .. } => "layer_norm",
+            Op::Rope { .. } => "rope",
+            Op::Attention { .. } => "attention",
         }
     }
 
@@ -83,6 +98,15 @@ impl Op {
         ops.push(Op::Copy);
         ops.push(Op::Cat { axis: 0 });
         ops.push(Op::IndexSelect { axis: 0 });
+        ops.push(Op::RmsNorm { eps: 1e-6 });
+        ops.push(Op::LayerNorm { eps: 1e-12 });
+        ops.push(Op::Rope {
+            style: RopeStyle::Adjacent,
+        });
+        ops.push(Op::Attention {
+            scale: 1.0,
+            causal: true,
+        });
         ops
     }
 

@@ -5,6 +5,7 @@
 mod elementwise;
 mod index;
 mod matmul;
+mod nn;
 mod reduce;
 
 use super::Backend;
@@ -46,6 +47,12 @@ impl Backend for CpuBackend {
             Op::Copy => host(inputs[0]).gather(inputs[0].layout()),
             Op::Cat { axis } => index::cat(inputs, axis, out_shape),
             Op::IndexSelect { axis } => index::index_select(inputs[0], inputs[1], axis)?,
+            Op::RmsNorm { eps } => nn::rms_norm(inputs[0], inputs[1], eps, out_dtype),
+            Op::LayerNorm { eps } => {
+                nn::layer_norm(inputs[0], inputs[1], inputs[2], eps, out_dtype)
+            }
+            Op::Rope { style } => nn::rope(inputs[0], inputs[1], inputs[2], style, out_dtype),
+            Op::Attention { scale, causal } => nn::attention(inputs, scale, causal, out_dtype),
         };
         debug_assert_eq!(out.len(), out_shape.iter().product::<usize>());
         Ok(Storage::Cpu(out))

@@ -1,6 +1,6 @@
 // binary.wgsl — dst = f(a, b) elementwise over views already broadcast to
 // one shape (stride 0 repeats an element), or f(a, scalar) when B_SCALAR.
-// OP: BinaryOp's discriminant (0..6), or 16 + CmpOp's for comparisons,
+// OP: BinaryOp's discriminant (0..7), or 16 + CmpOp's for comparisons,
 // which write 1.0 / 0.0 (stored as u32 masks).
 
 struct Params {
@@ -49,6 +49,7 @@ fn apply_binary(a: f32, b: f32) -> f32 {
         case 4u: { return max(a, b); }
         case 5u: { return min(a, b); }
         case 6u: { return pow_signed(a, b); }
+        case 7u: { return a / (1.0 + exp(-a)) * b; }
         case 16u: { return select(0.0, 1.0, a == b); }
         case 17u: { return select(0.0, 1.0, a != b); }
         case 18u: { return select(0.0, 1.0, a < b); }

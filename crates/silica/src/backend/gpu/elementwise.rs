@@ -224,7 +224,7 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
             }
         }
     }
-    for op in (0..7).chain(CMP_BASE..CMP_BASE + 6) {
+    for op in (0..8).chain(CMP_BASE..CMP_BASE + 6) {
         for dt in [0.0, 1.0, 2.0] {
             for dst in [dt, 3.0] {
                 for s in [0.0, 1.0] {

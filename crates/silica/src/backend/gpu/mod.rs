@@ -10,6 +10,7 @@ mod context;
 mod copy;
 mod elementwise;
 mod matmul;
+mod nn;
 mod reduce;
 #[cfg(test)]
 mod shader_tests;
@@ -220,6 +221,20 @@ impl GpuDevice {
             Op::Reduce(r) => reduce::reduce(c, r, inputs[0], &out, out_dtype)?,
             Op::Softmax { log } => reduce::softmax(c, log, inputs[0], &out, out_dtype)?,
             Op::Matmul => matmul::matmul(c, inputs[0], inputs[1], out_shape, &out, out_dtype)?,
+            Op::RmsNorm { eps } => nn::norm(c, inputs[0], inputs[1], None, eps, &out, out_dtype)?,
+            Op::LayerNorm { eps } => nn::norm(
+                c,
+                inputs[0],
+                inputs[1],
+                Some(inputs[2]),
+                eps,
+                &out,
+                out_dtype,
+            )?,
+            Op::Rope { style } => nn::rope(c, inputs, style, &out, out_dtype)?,
+            Op::Attention { scale, causal } => {
+                nn::attention(c, inputs, scale, causal, &out, out_dtype)?
+            }
         }
         Ok(Storage::Gpu(out))
     }

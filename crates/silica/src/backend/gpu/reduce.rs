@@ -1,6 +1,6 @@
 //! Launchers of the row kernels: reductions and softmax.
 
-use super::elementwise::{buffer, pack, params, to_u32, via_f32};
+use super::elementwise::{MAX_RANK, buffer, pack, params, to_u32, via_f32};
 use super::{Context, Kernel};
 use crate::memory::GpuBuffer;
 use crate::ops::ReduceOp;
@@ -17,8 +17,9 @@ pub(crate) static SOFTMAX: Kernel = Kernel {
     inputs: 1,
 };
 
-/// Rows of the last dimension of `x`: (row count, params).
-fn row_params(x: &Tensor) -> Result<(usize, Vec<u8>)> {
+/// Rows of the last dimension of `x`: the row count, the header `[rows,
+/// n, rank, offset, stride]` and the packed shape and strides of the rows.
+pub(crate) fn row_layout(x: &Tensor) -> Result<(usize, [u32; 5], [[u32; MAX_RANK]; 2])> {
     let l = x.layout();
     let r = l.rank();
     let n = l.shape()[r - 1];
@@ -36,10 +37,13 @@ fn row_params(x: &Tensor) -> Result<(usize, Vec<u8>)> {
         to_u32(l.offset(), "offset")?,
         to_u32(l.strides()[r - 1], "stride")?,
     ];
-    Ok((
-        rows,
-        params(&header, &[pack(outer.shape())?, pack(outer.strides())?]),
-    ))
+    Ok((rows, header, [pack(outer.shape())?, pack(outer.strides())?]))
+}
+
+/// Rows of the last dimension of `x`: (row count, params).
+fn row_params(x: &Tensor) -> Result<(usize, Vec<u8>)> {
+    let (rows, header, arrays) = row_layout(x)?;
+    Ok((rows, params(&header, &arrays)))
 }
 
 pub(crate) fn reduce(

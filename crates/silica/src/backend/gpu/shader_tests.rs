@@ -2,13 +2,14 @@
 //! must parse, validate and translate with naga to MSL (the Metal path,
 //! which cannot be run here) and to SPIR-V (the Vulkan path).
 
-use super::{Kernel, copy, elementwise, matmul, reduce};
+use super::{Kernel, copy, elementwise, matmul, nn, reduce};
 
 fn all() -> Vec<(&'static Kernel, Vec<(&'static str, f64)>)> {
     let mut v = elementwise::specializations();
     v.extend(reduce::specializations());
     v.extend(matmul::specializations());
     v.extend(copy::specializations());
+    v.extend(nn::specializations());
     v
 }
 

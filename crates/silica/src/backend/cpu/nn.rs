@@ -1,0 +1,163 @@
+//! Fused transformer ops on the CPU: norms, rotary embeddings, attention.
+//! Sums run in f64, so these are also the references of the GPU kernels.
+
+use rayon::prelude::*;
+
+use super::{PAR_MIN, host};
+use crate::layout::Layout;
+use crate::ops::RopeStyle;
+use crate::storage::CpuStorage;
+use crate::{DType, Tensor};
+
+/// The elements of `t` as contiguous f32.
+fn values(t: &Tensor) -> Vec<f32> {
+    host(t).gather_f32(t.layout())
+}
+
+/// Runs `f` on each output row of length `n` (in parallel when large).
+fn map_rows(out: &mut [f32], n: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
+    if n == 0 {
+        return;
+    }
+    if out.len() >= PAR_MIN {
+        out.par_chunks_mut(n).enumerate().for_each(|(r, o)| f(r, o));
+    } else {
+        out.chunks_mut(n).enumerate().for_each(|(r, o)| f(r, o));
+    }
+}
+
+pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f32, out: DType) -> CpuStorage {
+    let n = *x.shape().last().unwrap_or(&0);
+    let xs = values(x);
+    let ws = values(w);
+    let mut y = vec![0f32; xs.len()];
+    map_rows(&mut y, n, |r, o| {
+        let row = &xs[r * n..(r + 1) * n];
+        let ms = row.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>() / n as f64;
+        let inv = 1.0 / (ms + eps as f64).sqrt();
+        for ((o, &v), &g) in o.iter_mut().zip(row).zip(&ws) {
+            *o = (v as f64 * inv * g as f64) as f32;
+        }
+    });
+    CpuStorage::from_f32(y, out)
+}
+
+pub fn layer_norm(x: &Tensor, w: &Tensor, b: &Tensor, eps: f32, out: DType) -> CpuStorage {
+    let n = *x.shape().last().unwrap_or(&0);
+    let xs = values(x);
+    let ws = values(w);
+    let bs = values(b);
+    let mut y = vec![0f32; xs.len()];
+    map_rows(&mut y, n, |r, o| {
+        let row = &xs[r * n..(r + 1) * n];
+        let mean = row.iter().map(|&v| v as f64).sum::<f64>() / n as f64;
+        let var = row
+            .iter()
+            .map(|&v| (v as f64 - mean) * (v as f64 - mean))
+            .sum::<f64>()
+            / n as f64;
+        let inv = 1.0 / (var + eps as f64).sqrt();
+        for (i, o) in o.iter_mut().enumerate() {
+            *o = ((row[i] as f64 - mean) * inv * ws[i] as f64 + bs[i] as f64) as f32;
+        }
+    });
+    CpuStorage::from_f32(y, out)
+}
+
+pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor, style: RopeStyle, out: DType) -> CpuStorage {
+    let r = x.rank();
+    let (t, h, d) = (x.shape()[r - 3], x.shape()[r - 2], x.shape()[r - 1]);
+    let half = d / 2;
+    let xs = values(x);
+    let (cs, sn) = (values(cos), values(sin));
+    let mut y = vec![0f32; xs.len()];
+    map_rows(&mut y, d, |row, o| {
+        let pos = (row / h) % t;
+        let src = &xs[row * d..(row + 1) * d];
+        for i in 0..half {
+            let (c, s) = (cs[pos * half + i] as f64, sn[pos * half + i] as f64);
+            let (i0, i1) = match style {
+                RopeStyle::Adjacent => (2 * i, 2 * i + 1),
+                RopeStyle::Half => (i, i + half),
+            };
+            let (x0, x1) = (src[i0] as f64, src[i1] as f64);
+            o[i0] = (x0 * c - x1 * s) as f32;
+            o[i1] = (x0 * s + x1 * c) as f32;
+        }
+    });
+    CpuStorage::from_f32(y, out)
+}
+
+/// The elements of a view whose broadcast dimensions (stride 0) are kept
+/// once, with the strides that index that compact copy (0 where broadcast).
+fn compact(t: &Tensor) -> (Vec<f32>, Vec<usize>) {
+    let l = t.layout();
+    let shape: Vec<usize> = l
+        .shape()
+        .iter()
+        .zip(l.strides())
+        .map(|(&n, &s)| if s == 0 { 1 } else { n })
+        .collect();
+    let view = Layout::new(shape.clone(), l.strides().to_vec(), l.offset());
+    let data = host(t).gather_f32(&view);
+    let mut strides = vec![0; shape.len()];
+    let mut acc = 1;
+    for i in (0..shape.len()).rev() {
+        strides[i] = if l.strides()[i] == 0 { 0 } else { acc };
+        acc *= shape[i];
+    }
+    (data, strides)
+}
+
+/// `inputs`: `[q, k, v]` or `[q, k, v, mask]`, rank 4 (see `Tensor::attention`).
+pub fn attention(inputs: &[&Tensor], scale: f32, causal: bool, out: DType) -> CpuStorage {
+    let (q, k, v) = (inputs[0], inputs[1], inputs[2]);
+    let [b, tq, h, d] = [q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]];
+    let (tk, kvh) = (k.shape()[1], k.shape()[2]);
+    let group = h / kvh;
+    let (qs, ks, vs) = (values(q), values(k), values(v));
+    let mask = inputs.get(3).map(|m| compact(m));
+    let mut y = vec![0f32; b * tq * h * d];
+    // one output row per (batch, query, head), as the layout [B, Tq, H, D] orders them
+    map_rows(&mut y, d, |row, o| {
+        let (bi, i, hi) = (row / (tq * h), (row / h) % tq, row % h);
+        let kv = hi / group;
+        let qrow = &qs[row * d..(row + 1) * d];
+        let visible = if causal { i + (tk - tq) + 1 } else { tk };
+        let mut scores = Vec::with_capacity(visible);
+        for j in 0..visible {
+            let krow = &ks[((bi * tk + j) * kvh + kv) * d..][..d];
+            let dot: f64 = qrow
+                .iter()
+                .zip(krow)
+                .map(|(&a, &c)| a as f64 * c as f64)
+                .sum();
+            let mut s = dot * scale as f64;
+            if let Some((m, ms)) = &mask {
+                s += m[bi * ms[0] + hi * ms[1] + i * ms[2] + j * ms[3]] as f64;
+            }
+            scores.push(s);
+        }
+        let max = scores.iter().fold(f64::NEG_INFINITY, |a, &s| a.max(s));
+        let mut acc = vec![0f64; d];
+        let mut sum = 0f64;
+        for (j, &s) in scores.iter().enumerate() {
+            // keys hidden by -inf weigh nothing, even when every key is hidden
+            let p = if s == f64::NEG_INFINITY {
+                0.0
+            } else {
+                (s - max).exp()
+            };
+            sum += p;
+            let vrow = &vs[((bi * tk + j) * kvh + kv) * d..][..d];
+            for (a, &x) in acc.iter_mut().zip(vrow) {
+                *a += p * x as f64;
+            }
+        }
+        for (o, a) in o.iter_mut().zip(&acc) {
+            // 0 / 0 = NaN when no key is visible, as in PyTorch
+            *o = (a / sum) as f32;
+        }
+    });
+    CpuStorage::from_f32(y, out)
+}

@@ -1,0 +1,238 @@
+//! Fused transformer ops: RMSNorm, LayerNorm, rotary embeddings and
+//! scaled dot-product attention. Each runs as one kernel, where the same
+//! computation written with elementwise ops and matmuls would launch many.
+
+use crate::dispatch::run;
+use crate::{DType, Error, Op, Result, Tensor};
+
+/// How rotary embeddings pair up the dimensions of a head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RopeStyle {
+    /// `(x[2i], x[2i+1])`: GGUF files of llama-type models (the converter
+    /// permutes the Q/K weights for this), GPT-J.
+    Adjacent,
+    /// `(x[i], x[i + d/2])`: Hugging Face's rotate-half (Llama and Qwen2
+    /// checkpoints in safetensors, Qwen2 in GGUF too).
+    Half,
+}
+
+/// Parameters of [`Tensor::attention`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttentionOpts {
+    /// Multiplies `q · k` before the softmax; usually `1 / sqrt(head_dim)`.
+    pub scale: f32,
+    /// Query `i` sees keys `0..=i + (Tk - Tq)`: the queries are the last
+    /// `Tq` positions of the `Tk` keys (a decode step over a KV cache, or a
+    /// whole prompt when `Tq == Tk`).
+    pub causal: bool,
+}
+
+impl AttentionOpts {
+    /// Causal attention with the usual `1 / sqrt(head_dim)` scale.
+    pub fn causal(head_dim: usize) -> Self {
+        Self {
+            scale: 1.0 / (head_dim as f32).sqrt(),
+            causal: true,
+        }
+    }
+}
+
+impl Tensor {
+    fn check_row_param(&self, op: &'static str, name: &str, p: &Tensor) -> Result<()> {
+        self.same_device(p, op)?;
+        let n = *self.shape().last().unwrap_or(&0);
+        if p.shape() != [n] {
+            return Err(Error::InvalidArgument {
+                op,
+                msg: format!(
+                    "{name} has shape {:?}, expected [{n}] for input {:?}",
+                    p.shape(),
+                    self.shape()
+                ),
+            });
+        }
+        if p.dtype() != self.dtype() {
+            return Err(Error::DTypeMismatch {
+                op,
+                lhs: self.dtype(),
+                rhs: p.dtype(),
+            });
+        }
+        Ok(())
+    }
+
+    /// RMSNorm over the last dimension: `x / sqrt(mean(x²) + eps) * weight`,
+    /// computed in f32 whatever the dtype (squares of activations overflow
+    /// f16) and rounded once.
+    ///
+    /// ```
+    /// use silica::{Device, Tensor};
+    /// let dev = Device::cpu();
+    /// let x = Tensor::from_slice(&[3.0f32, 4.0], &[1, 2], &dev)?;
+    /// let w = Tensor::from_slice(&[1.0f32, 2.0], &[2], &dev)?;
+    /// let y: Vec<f32> = x.rms_norm(&w, 0.0)?.to_vec()?;
+    /// let r = (12.5f32).sqrt();
+    /// assert!((y[0] - 3.0 / r).abs() < 1e-6 && (y[1] - 8.0 / r).abs() < 1e-6);
+    /// # Ok::<(), silica::Error>(())
+    /// ```
+    pub fn rms_norm(&self, weight: &Tensor, eps: f32) -> Result<Tensor> {
+        let op = Op::RmsNorm { eps };
+        self.require_rank(op.name(), 1)?;
+        self.check_row_param(op.name(), "weight", weight)?;
+        let w = weight.contiguous()?;
+        run(op, &[self, &w], self.shape().to_vec(), self.dtype())
+    }
+
+    /// LayerNorm over the last dimension: `(x - mean) / sqrt(var + eps) *
+    /// weight + bias`, computed in f32 and rounded once.
+    pub fn layer_norm(&self, weight: &Tensor, bias: &Tensor, eps: f32) -> Result<Tensor> {
+        let op = Op::LayerNorm { eps };
+        self.require_rank(op.name(), 1)?;
+        self.check_row_param(op.name(), "weight", weight)?;
+        self.check_row_param(op.name(), "bias", bias)?;
+        let w = weight.contiguous()?;
+        let b = bias.contiguous()?;
+        run(op, &[self, &w, &b], self.shape().to_vec(), self.dtype())
+    }
+
+    /// Rotary position embeddings. `self` is `[.., T, H, D]` (T positions, H
+    /// heads of D dimensions, D even); `cos` and `sin` are F32 `[T, D / 2]`:
+    /// the angles of pair `i` at each position. Each pair `(x0, x1)` becomes
+    /// `(x0 cos - x1 sin, x0 sin + x1 cos)`; `style` says which dimensions
+    /// pair up.
+    pub fn rope(&self, cos: &Tensor, sin: &Tensor, style: RopeStyle) -> Result<Tensor> {
+        let op = Op::Rope { style };
+        self.require_rank(op.name(), 3)?;
+        let r = self.rank();
+        let (t, d) = (self.shape()[r - 3], self.shape()[r - 1]);
+        if d % 2 != 0 {
+            return Err(Error::InvalidArgument {
+                op: op.name(),
+                msg: format!("head size {d} of {:?} is odd", self.shape()),
+            });
+        }
+        for (name, table) in [("cos", cos), ("sin", sin)] {
+            self.same_device(table, op.name())?;
+            if table.shape() != [t, d / 2] || table.dtype() != DType::F32 {
+                return Err(Error::InvalidArgument {
+                    op: op.name(),
+                    msg: format!(
+                        "{name} is {:?} {}, expected [{t}, {}] f32 for input {:?}",
+                        table.shape(),
+                        table.dtype(),
+                        d / 2,
+                        self.shape()
+                    ),
+                });
+            }
+        }
+        let (cos, sin) = (cos.contiguous()?, sin.contiguous()?);
+        run(op, &[self, &cos, &sin], self.shape().to_vec(), self.dtype())
+    }
+
+    /// Scaled dot-product attention, `softmax(q kᵀ · scale + mask) v`, in one
+    /// kernel with an online softmax (no `[Tq, Tk]` score matrix is stored).
+    ///
+    /// - `self` (the queries) is `[B, Tq, H, D]` or `[Tq, H, D]`;
+    /// - `k` and `v` are `[B, Tk, KVH, D]` or `[Tk, KVH, D]`, where KVH
+    ///   divides H: query head `h` reads KV head `h / (H / KVH)` (grouped-
+    ///   and multi-query attention need no copy of K and V);
+    /// - `mask`, if given, is added to the scores and broadcasts to
+    ///   `[B, H, Tq, Tk]` (a padding mask `[B, 1, 1, Tk]`, for example);
+    ///   `-inf` hides a key.
+    ///
+    /// The result has the queries' shape. A query that sees no key at all
+    /// (every score `-inf`) gives NaN, as in PyTorch.
+    pub fn attention(
+        &self,
+        k: &Tensor,
+        v: &Tensor,
+        mask: Option<&Tensor>,
+        opts: AttentionOpts,
+    ) -> Result<Tensor> {
+        let op = Op::Attention {
+            scale: opts.scale,
+            causal: opts.causal,
+        };
+        let name = op.name();
+        let bad = |msg: String| Error::InvalidArgument { op: name, msg };
+        let rank = self.rank();
+        if !(rank == 3 || rank == 4) || k.rank() != rank || v.rank() != rank {
+            return Err(bad(format!(
+                "q {:?}, k {:?} and v {:?} must all be [B, T, heads, D] or [T, heads, D]",
+                self.shape(),
+                k.shape(),
+                v.shape()
+            )));
+        }
+        for other in [k, v] {
+            self.same_device(other, name)?;
+            if other.dtype() != self.dtype() {
+                return Err(Error::DTypeMismatch {
+                    op: name,
+                    lhs: self.dtype(),
+                    rhs: other.dtype(),
+                });
+            }
+        }
+        let q4 = if rank == 3 {
+            self.unsqueeze(0)?
+        } else {
+            self.clone()
+        };
+        let k4 = if rank == 3 {
+            k.unsqueeze(0)?
+        } else {
+            k.clone()
+        };
+        let v4 = if rank == 3 {
+            v.unsqueeze(0)?
+        } else {
+            v.clone()
+        };
+        let [b, tq, h, d] = [q4.shape()[0], q4.shape()[1], q4.shape()[2], q4.shape()[3]];
+        let [kb, tk, kvh, kd] = [k4.shape()[0], k4.shape()[1], k4.shape()[2], k4.shape()[3]];
+        if k4.shape() != v4.shape() || kb != b || kd != d || kvh == 0 || h % kvh != 0 {
+            return Err(bad(format!(
+                "q {:?}, k {:?}, v {:?}: k and v must match, share q's batch and head size, \
+                 and their head count must divide q's",
+                self.shape(),
+                k.shape(),
+                v.shape()
+            )));
+        }
+        if d % 2 != 0 || d > 256 {
+            return Err(bad(format!("head size {d} must be even and at most 256")));
+        }
+        if opts.causal && tq > tk {
+            return Err(bad(format!(
+                "causal attention of {tq} queries over {tk} keys: the queries must be the last positions"
+            )));
+        }
+        let mut inputs = vec![q4, k4, v4];
+        if let Some(m) = mask {
+            self.same_device(m, name)?;
+            if m.dtype() != self.dtype() {
+                return Err(Error::DTypeMismatch {
+                    op: name,
+                    lhs: self.dtype(),
+                    rhs: m.dtype(),
+                });
+            }
+            inputs.push(m.broadcast_to(&[b, h, tq, tk])?);
+        }
+        let refs: Vec<&Tensor> = inputs.iter().collect();
+        let out = run(op, &refs, vec![b, tq, h, d], self.dtype())?;
+        if rank == 3 { out.squeeze(0) } else { Ok(out) }
+    }
+
+    fn require_rank(&self, op: &'static str, min: usize) -> Result<()> {
+        if self.rank() < min {
+            return Err(Error::InvalidArgument {
+                op,
+                msg: format!("needs at least {min} dimensions, got {:?}", self.shape()),
+            });
+        }
+        Ok(())
+    }
+}
