@@ -1,26 +1,19 @@
 //! Llama-family decoders (Llama 2/3, Mistral, Qwen2, SmolLM) from GGUF.
 //!
 //! Weights are dequantized at load into the compute dtype (quantized
-//! storage on the device is a later step). The forward pass is written with
-//! silica's tensor ops, so it runs on every device; the KV cache is a pair
-//! of device tensors per layer that grow by concatenation.
+//! storage on the device is a later step). The forward pass uses silica's
+//! fused ops (RMSNorm, RoPE, attention, SwiGLU) and runs on every device;
+//! the Q/K/V projections and the gate/up projections are each one matmul
+//! over weights concatenated at load. The KV cache is a pair of device
+//! tensors per layer, preallocated and appended to in place.
 
 use std::path::Path;
 
-use silica::{DType, Device, Tensor};
+pub use silica::RopeStyle;
+use silica::{AttentionOpts, DType, Device, Tensor};
 
 use crate::gguf::GgufFile;
 use crate::{Error, Result};
-
-/// How rotary embeddings pair up the dimensions of a head.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RopeStyle {
-    /// `(x[2i], x[2i+1])`: GGUF files of llama-type models (the converter
-    /// permutes the Q/K weights for this).
-    Adjacent,
-    /// `(x[i], x[i + d/2])`: Hugging Face's rotate-half (Qwen2 in GGUF too).
-    Half,
-}
 
 /// The shape of a model, read from GGUF metadata.
 #[derive(Clone, Debug)]
@@ -136,18 +129,13 @@ impl LlamaConfig {
 }
 
 struct Layer {
-    attn_norm: Tensor, // [d]
-    wq: Tensor,        // [heads * hd, d]
-    wk: Tensor,        // [kv_heads * hd, d]
-    wv: Tensor,        // [kv_heads * hd, d]
-    bq: Option<Tensor>,
-    bk: Option<Tensor>,
-    bv: Option<Tensor>,
-    wo: Tensor,       // [d, heads * hd]
-    ffn_norm: Tensor, // [d]
-    w_gate: Tensor,   // [ffn, d]
-    w_up: Tensor,     // [ffn, d]
-    w_down: Tensor,   // [d, ffn]
+    attn_norm: Tensor,    // [d]
+    wqkv: Tensor,         // [(heads + 2 * kv_heads) * hd, d]: Q, K and V stacked
+    bqkv: Option<Tensor>, // [(heads + 2 * kv_heads) * hd]
+    wo: Tensor,           // [d, heads * hd]
+    ffn_norm: Tensor,     // [d]
+    w_gate_up: Tensor,    // [2 * ffn, d]: gate, then up
+    w_down: Tensor,       // [d, ffn]
 }
 
 /// A loaded decoder.
@@ -161,10 +149,15 @@ pub struct Llama {
     lm_head: Tensor,  // [vocab, d] (the embedding when tied)
 }
 
-/// Keys and values of the positions seen so far, per layer: `[S, kv_heads, hd]`.
+/// Keys and values of the positions seen so far, per layer: `[capacity,
+/// kv_heads, hd]` buffers of which the first `len` rows are filled, and the
+/// rotary angle tables `[capacity, hd / 2]` for the same positions.
 pub struct KvCache {
-    k: Vec<Option<Tensor>>,
-    v: Vec<Option<Tensor>>,
+    k: Vec<Tensor>,
+    v: Vec<Tensor>,
+    cos: Option<Tensor>,
+    sin: Option<Tensor>,
+    capacity: usize,
     len: usize,
 }
 
@@ -178,6 +171,9 @@ impl KvCache {
     }
 }
 
+/// Rows of the first cache allocation; the cache doubles from there.
+const CACHE_START: usize = 256;
+
 fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
     let y = x.matmul(&w.t()?)?;
     Ok(match b {
@@ -186,12 +182,6 @@ fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
     })
 }
 
-/// RMSNorm, computed in f32: squares of the residual stream overflow f16.
-fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
-    let x32 = x.to_dtype(DType::F32)?;
-    let scale = x32.sqr()?.mean(-1, true)?.add_scalar(eps as f32)?.rsqrt()?;
-    Ok(x32.mul(&scale)?.to_dtype(x.dtype())?.mul(w)?)
-}
 
 impl Llama {
     /// Loads a GGUF decoder onto `device`, dequantizing weights to `dtype`.
@@ -227,18 +217,36 @@ impl Llama {
         for i in 0..config.n_layers {
             let n = |s: &str| format!("blk.{i}.{s}");
             let w = |s: &str, shape: &[usize]| expect(get(&n(s))?, &n(s), shape);
+            let (qd, kvd) = (config.n_heads * hd, config.n_kv_heads * hd);
+            let wq = w("attn_q.weight", &[qd, d])?;
+            let wk = w("attn_k.weight", &[kvd, d])?;
+            let wv = w("attn_v.weight", &[kvd, d])?;
+            let biases = [
+                opt(&n("attn_q.bias"))?,
+                opt(&n("attn_k.bias"))?,
+                opt(&n("attn_v.bias"))?,
+            ];
+            let bqkv = match biases {
+                [None, None, None] => None,
+                [bq, bk, bv] => {
+                    // a missing bias of the three is zero
+                    let or_zero = |b: Option<Tensor>, len: usize| match b {
+                        Some(b) => expect(b, "attention bias", &[len]),
+                        None => Ok(Tensor::zeros(&[len], dtype, device)?),
+                    };
+                    let parts = [or_zero(bq, qd)?, or_zero(bk, kvd)?, or_zero(bv, kvd)?];
+                    Some(Tensor::cat(&[&parts[0], &parts[1], &parts[2]], 0)?)
+                }
+            };
+            let w_gate = w("ffn_gate.weight", &[config.ffn_dim, d])?;
+            let w_up = w("ffn_up.weight", &[config.ffn_dim, d])?;
             layers.push(Layer {
                 attn_norm: w("attn_norm.weight", &[d])?,
-                wq: w("attn_q.weight", &[config.n_heads * hd, d])?,
-                wk: w("attn_k.weight", &[config.n_kv_heads * hd, d])?,
-                wv: w("attn_v.weight", &[config.n_kv_heads * hd, d])?,
-                bq: opt(&n("attn_q.bias"))?,
-                bk: opt(&n("attn_k.bias"))?,
-                bv: opt(&n("attn_v.bias"))?,
-                wo: w("attn_output.weight", &[d, config.n_heads * hd])?,
+                wqkv: Tensor::cat(&[&wq, &wk, &wv], 0)?,
+                bqkv,
+                wo: w("attn_output.weight", &[d, qd])?,
                 ffn_norm: w("ffn_norm.weight", &[d])?,
-                w_gate: w("ffn_gate.weight", &[config.ffn_dim, d])?,
-                w_up: w("ffn_up.weight", &[config.ffn_dim, d])?,
+                w_gate_up: Tensor::cat(&[&w_gate, &w_up], 0)?,
                 w_down: w("ffn_down.weight", &[d, config.ffn_dim])?,
             });
         }
@@ -273,20 +281,22 @@ impl Llama {
 
     pub fn new_cache(&self) -> KvCache {
         KvCache {
-            k: vec![None; self.config.n_layers],
-            v: vec![None; self.config.n_layers],
+            k: Vec::new(),
+            v: Vec::new(),
+            cos: None,
+            sin: None,
+            capacity: 0,
             len: 0,
         }
     }
 
-    /// cos and sin of the rotation angles for positions `start..start + t`,
-    /// shaped `[t, 1, hd / 2, 1]` for adjacent pairs or `[t, 1, 1, hd / 2]`.
-    fn rope_tables(&self, start: usize, t: usize) -> Result<(Tensor, Tensor)> {
+    /// cos and sin of the rotation angles of positions `0..n`: `[n, hd / 2]` f32.
+    fn rope_tables(&self, n: usize) -> Result<(Tensor, Tensor)> {
         let c = &self.config;
         let half = c.head_dim / 2;
-        let mut cos = Vec::with_capacity(t * half);
-        let mut sin = Vec::with_capacity(t * half);
-        for p in start..start + t {
+        let mut cos = Vec::with_capacity(n * half);
+        let mut sin = Vec::with_capacity(n * half);
+        for p in 0..n {
             let pos = p as f64 / c.rope_linear_factor;
             for i in 0..half {
                 let freq = c.rope_theta.powf(-(2.0 * i as f64) / c.head_dim as f64);
@@ -295,35 +305,57 @@ impl Llama {
                 sin.push(s as f32);
             }
         }
-        let shape = match c.rope_style {
-            RopeStyle::Adjacent => [t, 1, half, 1],
-            RopeStyle::Half => [t, 1, 1, half],
-        };
         let mk = |v: Vec<f32>| -> Result<Tensor> {
-            Ok(Tensor::from_vec(v, &shape, &Device::cpu())?
-                .to_dtype(self.dtype)?
-                .to_device(&self.device)?)
+            Ok(Tensor::from_vec(v, &[n, half], &Device::cpu())?.to_device(&self.device)?)
         };
         Ok((mk(cos)?, mk(sin)?))
     }
 
-    /// Rotates `x [t, heads, hd]`.
-    fn rope(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
-        let (t, h, hd) = (x.shape()[0], x.shape()[1], x.shape()[2]);
-        let (split, dim) = match self.config.rope_style {
-            RopeStyle::Adjacent => (x.reshape(&[t, h, hd / 2, 2])?, -1),
-            RopeStyle::Half => (x.reshape(&[t, h, 2, hd / 2])?, -2),
+    /// Makes room for `total` positions in `cache`, keeping its contents.
+    fn reserve(&self, cache: &mut KvCache, total: usize) -> Result<()> {
+        if total <= cache.capacity {
+            return Ok(());
+        }
+        let c = &self.config;
+        let capacity = total
+            .max(CACHE_START)
+            .max(cache.capacity * 2)
+            .min(c.context_length);
+        let shape = [capacity, c.n_kv_heads, c.head_dim];
+        let grow = |old: &Tensor| -> Result<Tensor> {
+            let mut t = Tensor::zeros(&shape, self.dtype, &self.device)?;
+            t.slice_assign(0, &old.narrow(0, 0, cache.len)?)?;
+            Ok(t)
         };
-        let x0 = split.narrow(dim, 0, 1)?;
-        let x1 = split.narrow(dim, 1, 1)?;
-        let y0 = x0.mul(cos)?.sub(&x1.mul(sin)?)?;
-        let y1 = x0.mul(sin)?.add(&x1.mul(cos)?)?;
-        Ok(Tensor::cat(&[&y0, &y1], dim)?.reshape(&[t, h, hd])?)
+        let (mut k, mut v) = (Vec::new(), Vec::new());
+        for li in 0..c.n_layers {
+            match (cache.k.get(li), cache.v.get(li)) {
+                (Some(ok), Some(ov)) => {
+                    k.push(grow(ok)?);
+                    v.push(grow(ov)?);
+                }
+                _ => {
+                    k.push(Tensor::zeros(&shape, self.dtype, &self.device)?);
+                    v.push(Tensor::zeros(&shape, self.dtype, &self.device)?);
+                }
+            }
+        }
+        let (cos, sin) = self.rope_tables(capacity)?;
+        *cache = KvCache {
+            k,
+            v,
+            cos: Some(cos),
+            sin: Some(sin),
+            capacity,
+            len: cache.len,
+        };
+        Ok(())
     }
 
     /// Runs `ids` (the positions after those cached) through the model and
     /// returns f32 logits `[ids.len(), vocab]`, or `[1, vocab]` for the last
-    /// position only when `last_only`.
+    /// position only when `last_only`. On error the cache still holds the
+    /// same positions as before.
     pub fn forward(&self, ids: &[u32], cache: &mut KvCache, last_only: bool) -> Result<Tensor> {
         let c = &self.config;
         let t = ids.len();
@@ -347,78 +379,42 @@ impl Llama {
             )));
         }
         let (hd, h, kvh) = (c.head_dim, c.n_heads, c.n_kv_heads);
-        let group = h / kvh;
         let total = start + t;
+        self.reserve(cache, total)?;
+        let (cos, sin) = match (&cache.cos, &cache.sin) {
+            (Some(cos), Some(sin)) => (cos.narrow(0, start, t)?, sin.narrow(0, start, t)?),
+            // invariant: `reserve` made the tables for at least `total` positions
+            _ => unreachable!("a reserved cache has rope tables"),
+        };
         let ids_t = Tensor::from_slice(ids, &[t], &self.device)?;
         let mut x = self.embed.index_select(0, &ids_t)?; // [t, d]
-        let (cos, sin) = self.rope_tables(start, t)?;
-        // additive causal mask [t, total]: query i sees keys up to start + i
-        let mask = if t > 1 {
-            let mut m = vec![0f32; t * total];
-            for i in 0..t {
-                for j in start + i + 1..total {
-                    m[i * total + j] = f32::NEG_INFINITY;
-                }
-            }
-            Some(
-                Tensor::from_vec(m, &[t, total], &Device::cpu())?
-                    .to_dtype(self.dtype)?
-                    .to_device(&self.device)?,
-            )
-        } else {
-            None
-        };
-        let scale = 1.0 / (hd as f32).sqrt();
-        let mut new_k = Vec::with_capacity(self.layers.len());
-        let mut new_v = Vec::with_capacity(self.layers.len());
+        let eps = c.rms_eps as f32;
+        let opts = AttentionOpts::causal(hd);
         for (li, l) in self.layers.iter().enumerate() {
-            let hn = rms_norm(&x, &l.attn_norm, c.rms_eps)?;
-            let q = linear(&hn, &l.wq, l.bq.as_ref())?.reshape(&[t, h, hd])?;
-            let k = linear(&hn, &l.wk, l.bk.as_ref())?.reshape(&[t, kvh, hd])?;
-            let v = linear(&hn, &l.wv, l.bv.as_ref())?.reshape(&[t, kvh, hd])?;
-            let q = self.rope(&q, &cos, &sin)?;
-            let k = self.rope(&k, &cos, &sin)?;
-            let k_all = match &cache.k[li] {
-                Some(prev) => Tensor::cat(&[prev, &k], 0)?,
-                None => k,
-            };
-            let v_all = match &cache.v[li] {
-                Some(prev) => Tensor::cat(&[prev, &v], 0)?,
-                None => v,
-            };
-            // query head kv * group + g reads KV head kv: [kvh, group * t, hd]
-            let qg = q
-                .reshape(&[t, kvh, group, hd])?
-                .permute(&[1, 2, 0, 3])?
-                .reshape(&[kvh, group * t, hd])?;
-            let scores = qg.matmul(&k_all.permute(&[1, 2, 0])?)?.mul_scalar(scale)?; // [kvh, group*t, total]
-            let scores = scores.reshape(&[kvh, group, t, total])?;
-            let scores = match &mask {
-                Some(m) => scores.add(m)?,
-                None => scores,
-            };
-            let probs = scores.softmax(-1)?.reshape(&[kvh, group * t, total])?;
-            let att = probs.matmul(&v_all.permute(&[1, 0, 2])?)?; // [kvh, group*t, hd]
-            let att = att
-                .reshape(&[kvh, group, t, hd])?
-                .permute(&[2, 0, 1, 3])?
-                .reshape(&[t, h * hd])?;
+            let hn = x.rms_norm(&l.attn_norm, eps)?;
+            let qkv = linear(&hn, &l.wqkv, l.bqkv.as_ref())?; // [t, (h + 2 kvh) * hd]
+            let q = qkv.narrow(1, 0, h * hd)?.reshape(&[t, h, hd])?;
+            let k = qkv.narrow(1, h * hd, kvh * hd)?.reshape(&[t, kvh, hd])?;
+            let v = qkv.narrow(1, (h + kvh) * hd, kvh * hd)?.reshape(&[t, kvh, hd])?;
+            let q = q.rope(&cos, &sin, c.rope_style)?;
+            let k = k.rope(&cos, &sin, c.rope_style)?;
+            // rows past `len` are not part of the cache until the step succeeds
+            cache.k[li].slice_assign(start, &k)?;
+            cache.v[li].slice_assign(start, &v)?;
+            let k_all = cache.k[li].narrow(0, 0, total)?;
+            let v_all = cache.v[li].narrow(0, 0, total)?;
+            let att = q.attention(&k_all, &v_all, None, opts)?.reshape(&[t, h * hd])?;
             x = x.add(&linear(&att, &l.wo, None)?)?;
-            new_k.push(k_all);
-            new_v.push(v_all);
 
-            let hn = rms_norm(&x, &l.ffn_norm, c.rms_eps)?;
-            let gate = linear(&hn, &l.w_gate, None)?.silu()?;
-            let up = linear(&hn, &l.w_up, None)?;
-            x = x.add(&linear(&gate.mul(&up)?, &l.w_down, None)?)?;
+            let hn = x.rms_norm(&l.ffn_norm, eps)?;
+            let gate_up = linear(&hn, &l.w_gate_up, None)?; // [t, 2 * ffn]
+            let gate = gate_up.narrow(1, 0, c.ffn_dim)?;
+            let up = gate_up.narrow(1, c.ffn_dim, c.ffn_dim)?;
+            x = x.add(&linear(&gate.swiglu(&up)?, &l.w_down, None)?)?;
         }
-        // the cache changes only once every layer succeeded: a failed step
-        // leaves it as it was
-        cache.k = new_k.into_iter().map(Some).collect();
-        cache.v = new_v.into_iter().map(Some).collect();
         cache.len = total;
         let x = if last_only { x.narrow(0, t - 1, 1)? } else { x };
-        let x = rms_norm(&x, &self.out_norm, c.rms_eps)?;
+        let x = x.rms_norm(&self.out_norm, eps)?;
         // logits leave in f32 whatever the compute dtype: sampling reads them on the host
         Ok(linear(&x, &self.lm_head, None)?.to_dtype(DType::F32)?)
     }

@@ -196,6 +196,29 @@ impl CpuStorage {
         map_cpu!(self, v => layout.offsets().map(|o| v[o]).collect())
     }
 
+    /// Overwrites elements `offset..offset + src.len()` with `src` (same dtype).
+    pub fn write_at(&mut self, offset: usize, src: &CpuStorage) {
+        match (self, src) {
+            (CpuStorage::F32(d), CpuStorage::F32(s)) => {
+                d[offset..offset + s.len()].copy_from_slice(s)
+            }
+            (CpuStorage::F16(d), CpuStorage::F16(s)) => {
+                d[offset..offset + s.len()].copy_from_slice(s)
+            }
+            (CpuStorage::BF16(d), CpuStorage::BF16(s)) => {
+                d[offset..offset + s.len()].copy_from_slice(s)
+            }
+            (CpuStorage::U32(d), CpuStorage::U32(s)) => {
+                d[offset..offset + s.len()].copy_from_slice(s)
+            }
+            (CpuStorage::I64(d), CpuStorage::I64(s)) => {
+                d[offset..offset + s.len()].copy_from_slice(s)
+            }
+            // invariant: the caller checked that the dtypes match
+            _ => unreachable!("write_at between storages of different dtypes"),
+        }
+    }
+
     /// The elements of the view `layout` as f32 (floats and integers).
     pub fn gather_f32(&self, layout: &Layout) -> Vec<f32> {
         fn g<T: Scalar>(v: &[T], layout: &Layout) -> Vec<f32> {

@@ -283,6 +283,67 @@ impl Tensor {
         run(Op::Copy, &[self], self.shape().to_vec(), self.dtype)
     }
 
+    /// Overwrites `self[start..start + src.dim(0)]` (along dimension 0) with
+    /// `src`, in place: the way to append to a preallocated buffer such as a
+    /// KV cache without copying what is already there.
+    ///
+    /// Other tensors never see the change: if the storage is shared with
+    /// another tensor (a clone or a view), `self` first gets its own copy.
+    /// `src` must have `self`'s dtype, device and trailing dimensions.
+    ///
+    /// ```
+    /// use silica::{Device, Tensor};
+    /// let dev = Device::cpu();
+    /// let mut cache = Tensor::zeros(&[4, 2], silica::DType::F32, &dev)?;
+    /// cache.slice_assign(1, &Tensor::from_slice(&[1.0f32, 2.0], &[1, 2], &dev)?)?;
+    /// assert_eq!(cache.to_vec::<f32>()?, [0.0, 0.0, 1.0, 2.0, 0.0, 0.0, 0.0, 0.0]);
+    /// # Ok::<(), silica::Error>(())
+    /// ```
+    pub fn slice_assign(&mut self, start: usize, src: &Tensor) -> Result<()> {
+        let op = "slice_assign";
+        self.same_device(src, op)?;
+        if src.dtype != self.dtype {
+            return Err(Error::DTypeMismatch {
+                op,
+                lhs: self.dtype,
+                rhs: src.dtype,
+            });
+        }
+        let fits = self.rank() >= 1
+            && src.rank() == self.rank()
+            && src.shape()[1..] == self.shape()[1..]
+            && start
+                .checked_add(src.shape()[0])
+                .is_some_and(|end| end <= self.shape()[0]);
+        if !fits {
+            return Err(Error::InvalidArgument {
+                op,
+                msg: format!(
+                    "cannot write {:?} at row {start} of {:?}",
+                    src.shape(),
+                    self.shape()
+                ),
+            });
+        }
+        if !self.is_contiguous() || Arc::get_mut(&mut self.storage).is_none() {
+            *self = self.copy()?;
+        }
+        let row: usize = self.shape()[1..].iter().product();
+        let offset = self.layout.offset() + start * row;
+        let device = self.device.clone();
+        // invariant: made unique just above
+        let storage = Arc::get_mut(&mut self.storage).expect("a storage of its own");
+        match (storage, &device) {
+            (Storage::Cpu(c), _) => {
+                c.write_at(offset, &src.to_host()?);
+                Ok(())
+            }
+            (Storage::Gpu(b), Device::Gpu(g)) => g.write_into(b, offset, src),
+            // invariant: GPU storage is only ever created on a GPU device
+            (Storage::Gpu(_), Device::Cpu) => unreachable!("GPU storage on the CPU device"),
+        }
+    }
+
     /// A contiguous copy, even when the tensor already is contiguous.
     pub fn copy(&self) -> Result<Tensor> {
         run(Op::Copy, &[self], self.shape().to_vec(), self.dtype)

@@ -390,6 +390,27 @@ fn rope_tables(t: usize, half: usize, dev: &Device) -> Result<(Tensor, Tensor)> 
 
 fn nn_cases(cases: &mut Vec<Case>) {
     use silica::{AttentionOpts, RopeStyle};
+    // in-place writes: word-aligned runs go through a copy kernel, 16-bit
+    // runs at odd offsets through the host; a shared storage is copied first
+    for dtype in [DType::F32, DType::F16, DType::BF16, DType::U32, DType::I64] {
+        for (rows, width, start, n) in
+            [(5usize, 3usize, 1usize, 2usize), (6, 4, 2, 3), (4, 3, 0, 4)]
+        {
+            for kind in [Kind::Contiguous, Kind::Transposed, Kind::Offset] {
+                let name =
+                    format!("slice_assign {dtype} {kind:?} [{rows}, {width}] at {start} <- {n}");
+                case(cases, name, tol(dtype), move |d| {
+                    let base = input(Kind::Contiguous, &[rows, width], dtype, 18, d)?;
+                    let mut dst = base.copy()?;
+                    dst.slice_assign(start, &input(kind, &[n, width], dtype, 19, d)?)?;
+                    let mut shared = base.clone();
+                    shared.slice_assign(0, &dst.narrow(0, 0, 1)?)?;
+                    // `base` must be unchanged by the write through its clone
+                    Tensor::cat(&[&dst, &shared, &base], 0)
+                });
+            }
+        }
+    }
     for dtype in DType::FLOATS {
         for kind in KINDS {
             for shape in [
@@ -418,7 +439,10 @@ fn nn_cases(cases: &mut Vec<Case>) {
                     let name = format!("rope {style:?} {dtype} {kind:?} {shape:?}");
                     case(cases, name, tol(dtype), move |d| {
                         let r = shape.len();
-                        let (cos, sin) = rope_tables(shape[r - 3], shape[r - 1] / 2, d)?;
+                        // tables for more positions, of which the op reads rows 2..
+                        let t = shape[r - 3];
+                        let (cos, sin) = rope_tables(t + 2, shape[r - 1] / 2, d)?;
+                        let (cos, sin) = (cos.narrow(0, 2, t)?, sin.narrow(0, 2, t)?);
                         input(kind, shape, dtype, 14, d)?.rope(&cos, &sin, style)
                     });
                 }

@@ -31,6 +31,13 @@ fn bit_units(n: u32) -> u32 {
 
 // Writes output unit `u` of a contiguous output of `n` elements.
 fn move_unit(u: u32, n: u32) {
+    move_unit_at(u, n, 0u);
+}
+
+// move_unit into an output that starts `base` words into `dst` (the
+// launcher keeps 16-bit outputs at even element offsets and even lengths
+// there, so no word is shared with elements outside the output).
+fn move_unit_at(u: u32, n: u32, base: u32) {
     if ELEM_BYTES == 2u {
         let e = 2u * u;
         if e >= n {
@@ -40,23 +47,23 @@ fn move_unit(u: u32, n: u32) {
         if e + 1u < n {
             w |= fetch_half(src_elem(e + 1u)) << 16u;
         }
-        dst[u] = w;
+        dst[base + u] = w;
     } else if ELEM_BYTES == 8u {
         if u >= n {
             return;
         }
         let i = src_elem(u);
         if i == NONE {
-            dst[2u * u] = 0u;
-            dst[2u * u + 1u] = 0u;
+            dst[base + 2u * u] = 0u;
+            dst[base + 2u * u + 1u] = 0u;
         } else {
-            dst[2u * u] = src[2u * i];
-            dst[2u * u + 1u] = src[2u * i + 1u];
+            dst[base + 2u * u] = src[2u * i];
+            dst[base + 2u * u + 1u] = src[2u * i + 1u];
         }
     } else {
         if u >= n {
             return;
         }
-        dst[u] = fetch_word(src_elem(u));
+        dst[base + u] = fetch_word(src_elem(u));
     }
 }

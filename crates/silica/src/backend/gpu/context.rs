@@ -209,6 +209,11 @@ impl Context {
 
     /// Records a copy of `data` into the start of `dst`.
     pub fn write(&self, dst: &GpuBuffer, data: &[u8]) -> Result<()> {
+        self.write_at(dst, 0, data)
+    }
+
+    /// Records a copy of `data` into `dst` from byte `at` (a multiple of 4) on.
+    pub fn write_at(&self, dst: &GpuBuffer, at: u64, data: &[u8]) -> Result<()> {
         if data.is_empty() {
             return Ok(());
         }
@@ -226,7 +231,7 @@ impl Context {
             view.slice(..data.len()).copy_from_slice(data);
         }
         staging.unmap();
-        self.record(|enc| enc.copy_buffer_to_buffer(&staging, 0, dst.raw(), 0, padded));
+        self.record(|enc| enc.copy_buffer_to_buffer(&staging, 0, dst.raw(), at, padded));
         Ok(())
     }
 

@@ -50,6 +50,34 @@ fn units(n: usize, dtype: DType) -> usize {
 /// A contiguous copy of `x` as `out_dtype`, which is `x`'s dtype or, for
 /// integer conversions, the other integer dtype.
 pub(crate) fn copy(ctx: &Context, x: &Tensor, out: &GpuBuffer, out_dtype: DType) -> Result<()> {
+    copy_at(ctx, x, out.raw(), 0, out_dtype)
+}
+
+/// Whether `copy_into` can write `n` elements of `dtype` at element `offset`
+/// of a buffer without touching the words of other elements.
+pub(crate) fn can_copy_into(dtype: DType, offset: usize, n: usize) -> bool {
+    dtype.size_in_bytes() != 2 || (offset % 2 == 0 && n % 2 == 0)
+}
+
+/// Writes the elements of `x`, in row-major order, into `dst` from element
+/// `offset` on (same dtype; see `can_copy_into`).
+pub(crate) fn copy_into(
+    ctx: &Context,
+    x: &Tensor,
+    dst: &wgpu::Buffer,
+    offset: usize,
+) -> Result<()> {
+    let word = offset * x.dtype().size_in_bytes() / 4;
+    copy_at(ctx, x, dst, to_u32(word, "destination offset")?, x.dtype())
+}
+
+fn copy_at(
+    ctx: &Context,
+    x: &Tensor,
+    out: &wgpu::Buffer,
+    dst_word: u32,
+    out_dtype: DType,
+) -> Result<()> {
     let int_cast = match (x.dtype(), out_dtype) {
         (DType::U32, DType::I64) => 1.0,
         (DType::I64, DType::U32) => 2.0,
@@ -61,7 +89,7 @@ pub(crate) fn copy(ctx: &Context, x: &Tensor, out: &GpuBuffer, out_dtype: DType)
         to_u32(n, "element count")?,
         l.rank() as u32,
         to_u32(l.offset(), "offset")?,
-        0,
+        dst_word,
     ];
     ctx.dispatch(
         &COPY,
@@ -71,7 +99,7 @@ pub(crate) fn copy(ctx: &Context, x: &Tensor, out: &GpuBuffer, out_dtype: DType)
         ],
         &params(&header, &[pack(l.shape())?, pack(l.strides())?]),
         &[buffer(x)],
-        out.raw(),
+        out,
         ctx.grid_for_threads(units(n, out_dtype))?,
     )
 }

@@ -1,11 +1,13 @@
 // copy.wgsl — a contiguous copy of a strided view, bitwise; with INT_CAST
 // 1 it widens u32 to i64, with 2 it keeps the low word of i64 (u32 output).
+// Plain copies may start `dst_word` words into the output buffer (an
+// in-place write into part of a larger tensor, as a KV cache append does).
 
 struct Params {
     n: u32,
     rank: u32,
     offset: u32,
-    _pad: u32,
+    dst_word: u32,
     shape: array<vec4<u32>, 2>,
     strides: array<vec4<u32>, 2>,
 }
@@ -33,6 +35,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             dst[u] = src[2u * src_elem(u)];
         }
     } else {
-        move_unit(u, p.n);
+        move_unit_at(u, p.n, p.dst_word);
     }
 }

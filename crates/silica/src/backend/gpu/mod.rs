@@ -239,6 +239,26 @@ impl GpuDevice {
         Ok(Storage::Gpu(out))
     }
 
+    /// Writes the elements of `src` (a tensor on this device, same dtype) in
+    /// row-major order into `dst` from element `offset` on.
+    pub(crate) fn write_into(&self, dst: &GpuBuffer, offset: usize, src: &Tensor) -> Result<()> {
+        self.ctx.check_alive()?;
+        if src.numel() == 0 {
+            return Ok(());
+        }
+        if copy::can_copy_into(src.dtype(), offset, src.numel()) {
+            return copy::copy_into(&self.ctx, src, dst.raw(), offset);
+        }
+        // a 16-bit run that shares a word with its neighbours: read-modify-write
+        // on the host (rare: KV rows have even widths)
+        let es = src.dtype().size_in_bytes();
+        let first = offset * es / 4 * 4 / es;
+        let n = (offset + src.numel() - first).next_multiple_of(2);
+        let mut host = self.download(dst, first, n, src.dtype())?;
+        host.write_at(offset - first, &src.to_host()?);
+        self.ctx.write_at(dst, (first * es) as u64, host.as_bytes())
+    }
+
     /// Copies host elements into a new device buffer.
     pub(crate) fn upload(&self, data: &CpuStorage) -> Result<GpuBuffer> {
         self.ctx.check_alive()?;

@@ -81,6 +81,8 @@ pub(crate) fn rope(
         rows[2],
         rows[3],
         rows[4],
+        to_u32(inputs[1].layout().offset(), "offset")?,
+        to_u32(inputs[2].layout().offset(), "offset")?,
     ];
     let units = match out_dtype {
         DType::F16 | DType::BF16 => n.div_ceil(2),

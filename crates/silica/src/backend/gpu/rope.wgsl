@@ -1,5 +1,5 @@
 // rope.wgsl — rotary embeddings of x [.., T, H, D] with angle tables cos
-// and sin [T, D/2] (f32, contiguous). Thread `u` owns output unit `u` (see
+// and sin [T, D/2] (f32, contiguous from element cos_off / sin_off). Thread `u` owns output unit `u` (see
 // store.wgsl) and computes each of its elements from the element and its
 // partner: (2i, 2i+1) when ADJACENT, (i, i + D/2) otherwise. Rows of x
 // (its last dimension) may be strided views as in softmax.wgsl.
@@ -12,7 +12,11 @@ struct Params {
     rank: u32,
     offset: u32,
     stride: u32,
+    cos_off: u32,
+    sin_off: u32,
     _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
     shape: array<vec4<u32>, 2>,
     strides: array<vec4<u32>, 2>,
 }
@@ -48,8 +52,8 @@ fn value_at(e: u32) -> f32 {
         first = k < half;
         partner = select(k - half, k + half, first);
     }
-    let c = cos_t[pos * half + i];
-    let s = sin_t[pos * half + i];
+    let c = cos_t[p.cos_off + pos * half + i];
+    let s = sin_t[p.sin_off + pos * half + i];
     let x = load(base + k * p.stride);
     let y = load(base + partner * p.stride);
     if first {
