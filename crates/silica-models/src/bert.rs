@@ -24,7 +24,7 @@
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
-use silica::{DType, Device, Tensor};
+use silica::{AttentionOpts, DType, Device, Tensor};
 use tokenizers::{Tokenizer as HfTokenizer, TruncationParams};
 
 use crate::safetensors::SafetensorsFile;
@@ -225,9 +225,8 @@ impl Linear {
     }
 }
 
-/// LayerNorm over the last dimension, computed in f32 whatever the model
-/// dtype: mean, variance as the mean square of the centred values, rsqrt,
-/// affine.
+/// LayerNorm over the last dimension (one fused op, computed in f32
+/// whatever the model dtype).
 struct LayerNorm {
     w: Tensor,
     b: Tensor,
@@ -236,12 +235,7 @@ struct LayerNorm {
 
 impl LayerNorm {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let dtype = x.dtype();
-        let x = x.to_dtype(DType::F32)?;
-        let centred = x.sub(&x.mean(-1, true)?)?;
-        let var = centred.sqr()?.mean(-1, true)?;
-        let y = centred.mul(&var.add_scalar(self.eps)?.rsqrt()?)?;
-        Ok(y.mul(&self.w)?.add(&self.b)?.to_dtype(dtype)?)
+        Ok(x.layer_norm(&self.w, &self.b, self.eps)?)
     }
 }
 
@@ -346,7 +340,7 @@ impl Loader<'_> {
         })
     }
 
-    /// `prefix.weight`/`prefix.bias`, or the older `gamma`/`beta`; in f32.
+    /// `prefix.weight`/`prefix.bias`, or the older `gamma`/`beta`.
     fn layer_norm(&self, prefix: &str, size: usize, eps: f64) -> Result<LayerNorm> {
         let (w, b) = if self.st.contains(&format!("{prefix}.weight")) {
             ("weight", "bias")
@@ -356,8 +350,8 @@ impl Loader<'_> {
             ("weight", "bias")
         };
         Ok(LayerNorm {
-            w: self.tensor(&format!("{prefix}.{w}"), &[size], DType::F32)?,
-            b: self.tensor(&format!("{prefix}.{b}"), &[size], DType::F32)?,
+            w: self.tensor(&format!("{prefix}.{w}"), &[size], self.dtype)?,
+            b: self.tensor(&format!("{prefix}.{b}"), &[size], self.dtype)?,
             eps: eps as f32,
         })
     }
@@ -544,19 +538,18 @@ impl Bert {
     ) -> Result<Tensor> {
         let cfg = &self.config;
         let (h, nh, hd) = (cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim());
-        // [n, 3H] -> [3, B, heads, T, head_dim] (a view)
-        let qkv = layer
-            .qkv
-            .forward(x)?
-            .reshape(&[b, t, 3, nh, hd])?
-            .permute(&[2, 0, 3, 1, 4])?;
-        let q = qkv.narrow(0, 0, 1)?.squeeze(0)?;
-        let k = qkv.narrow(0, 1, 1)?.squeeze(0)?;
-        let v = qkv.narrow(0, 2, 1)?.squeeze(0)?;
-        let probs = q.matmul(&k.t()?)?.add(bias)?.softmax(-1)?;
-        let ctx = probs
-            .matmul(&v)?
-            .permute(&[0, 2, 1, 3])?
+        // [n, 3H] -> [B, T, 3, heads, head_dim]; q, k, v are views [B, T, heads, head_dim]
+        let qkv = layer.qkv.forward(x)?.reshape(&[b, t, 3, nh, hd])?;
+        let q = qkv.narrow(2, 0, 1)?.squeeze(2)?;
+        let k = qkv.narrow(2, 1, 1)?.squeeze(2)?;
+        let v = qkv.narrow(2, 2, 1)?.squeeze(2)?;
+        // the query rows of the weights are pre-scaled: scale 1
+        let opts = AttentionOpts {
+            scale: 1.0,
+            causal: false,
+        };
+        let ctx = q
+            .attention(&k, &v, Some(bias), opts)?
             .reshape(&[b * t, h])?;
         let x = layer
             .attn_ln

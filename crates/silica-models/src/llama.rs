@@ -182,7 +182,6 @@ fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
     })
 }
 
-
 impl Llama {
     /// Loads a GGUF decoder onto `device`, dequantizing weights to `dtype`.
     pub fn load(f: &GgufFile, device: &Device, dtype: DType) -> Result<Self> {
@@ -395,7 +394,9 @@ impl Llama {
             let qkv = linear(&hn, &l.wqkv, l.bqkv.as_ref())?; // [t, (h + 2 kvh) * hd]
             let q = qkv.narrow(1, 0, h * hd)?.reshape(&[t, h, hd])?;
             let k = qkv.narrow(1, h * hd, kvh * hd)?.reshape(&[t, kvh, hd])?;
-            let v = qkv.narrow(1, (h + kvh) * hd, kvh * hd)?.reshape(&[t, kvh, hd])?;
+            let v = qkv
+                .narrow(1, (h + kvh) * hd, kvh * hd)?
+                .reshape(&[t, kvh, hd])?;
             let q = q.rope(&cos, &sin, c.rope_style)?;
             let k = k.rope(&cos, &sin, c.rope_style)?;
             // rows past `len` are not part of the cache until the step succeeds
@@ -403,7 +404,9 @@ impl Llama {
             cache.v[li].slice_assign(start, &v)?;
             let k_all = cache.k[li].narrow(0, 0, total)?;
             let v_all = cache.v[li].narrow(0, 0, total)?;
-            let att = q.attention(&k_all, &v_all, None, opts)?.reshape(&[t, h * hd])?;
+            let att = q
+                .attention(&k_all, &v_all, None, opts)?
+                .reshape(&[t, h * hd])?;
             x = x.add(&linear(&att, &l.wo, None)?)?;
 
             let hn = x.rms_norm(&l.ffn_norm, eps)?;
