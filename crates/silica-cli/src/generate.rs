@@ -59,7 +59,7 @@ pub struct GenerateArgs {
     dtype: String,
 }
 
-fn parse_dtype(s: &str) -> Result<DType, CliError> {
+pub fn parse_dtype(s: &str) -> Result<DType, CliError> {
     match s.to_ascii_lowercase().as_str() {
         "f32" => Ok(DType::F32),
         "f16" => Ok(DType::F16),

@@ -5,6 +5,7 @@
 //! status 2. Panics are reported the same way, without a backtrace unless
 //! `RUST_BACKTRACE` is set.
 
+mod bench;
 mod devices;
 mod embed;
 mod generate;
@@ -26,6 +27,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Time the transformer kernels on fixed shapes (see BENCHMARKS.md).
+    Bench(bench::BenchArgs),
     /// List the CPU and every GPU adapter, and mark the default device.
     Devices(devices::DevicesArgs),
     /// Embed sentences with a sentence encoder (default: all-MiniLM-L6-v2):
@@ -75,6 +78,7 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
+        Command::Bench(args) => bench::run(&args),
         Command::Devices(args) => devices::run(&args),
         Command::Embed(args) => embed::run(&args),
         Command::Models(args) => models::run(&args),

@@ -449,7 +449,8 @@ fn nn_cases(cases: &mut Vec<Case>) {
             }
         }
         // (batch, tq, tk, heads, kv heads, head size, causal, mask)
-        let shapes: [(usize, usize, usize, usize, usize, usize, bool, bool); 9] = [
+        type Shape = (usize, usize, usize, usize, usize, usize, bool, bool);
+        let shapes: [Shape; 9] = [
             (0, 1, 1, 1, 1, 2, false, false),
             (0, 7, 7, 4, 2, 8, true, false),
             (0, 1, 130, 9, 3, 64, true, false),

@@ -56,7 +56,7 @@ pub(crate) fn copy(ctx: &Context, x: &Tensor, out: &GpuBuffer, out_dtype: DType)
 /// Whether `copy_into` can write `n` elements of `dtype` at element `offset`
 /// of a buffer without touching the words of other elements.
 pub(crate) fn can_copy_into(dtype: DType, offset: usize, n: usize) -> bool {
-    dtype.size_in_bytes() != 2 || (offset % 2 == 0 && n % 2 == 0)
+    dtype.size_in_bytes() != 2 || (offset.is_multiple_of(2) && n.is_multiple_of(2))
 }
 
 /// Writes the elements of `x`, in row-major order, into `dst` from element

@@ -1,0 +1,416 @@
+//! `silica bench`: the kernels transformers spend their time in, on fixed
+//! shapes (the projections of 135M, 1B and 7B Llama models at decode and at
+//! a 512-token prefill, square matmuls, rows of norms and softmax,
+//! attention), plus the dispatch cost of small ops and a device-to-device
+//! copy as the bandwidth yardstick.
+//!
+//! Times are wall-clock per call, averaged over enough calls to fill about
+//! `--seconds`, after warm-up, with the device synchronized before the
+//! clock stops. `--json` writes one object per case, which
+//! `benchmarks/torch_kernels.py` reads to run the same shapes through
+//! PyTorch and print both side by side.
+
+use std::fmt::Write as _;
+use std::time::Instant;
+
+use silica::{AttentionOpts, DType, Device, RopeStyle, Tensor};
+
+use crate::{CliError, emit};
+
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    /// cpu, gpu, gpu:N, ... [default: SILICA_DEVICE, else the best GPU, else the CPU]
+    #[arg(long, value_name = "SEL")]
+    device: Option<String>,
+    /// Element type of the operands: f32, f16 or bf16.
+    #[arg(long, default_value = "f32")]
+    dtype: String,
+    /// Only the cases whose name contains this text.
+    #[arg(long, value_name = "TEXT")]
+    filter: Option<String>,
+    /// Time spent measuring each case, in seconds.
+    #[arg(long, default_value_t = 0.5)]
+    seconds: f64,
+    /// Also the large cases (8192³ matmul, 4096² rows): slow on a CPU.
+    #[arg(long)]
+    large: bool,
+    /// One JSON object per case instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// What a case computes, with the dimensions the peer script needs.
+#[derive(Clone, Debug)]
+enum Kind {
+    /// `x [m, k] @ w [n, k]ᵀ`, the weight stored row-major as in checkpoints.
+    Linear {
+        m: usize,
+        n: usize,
+        k: usize,
+    },
+    /// `a [m, k] @ b [k, n]`.
+    Matmul {
+        m: usize,
+        n: usize,
+        k: usize,
+    },
+    Softmax {
+        rows: usize,
+        n: usize,
+    },
+    RmsNorm {
+        rows: usize,
+        n: usize,
+    },
+    LayerNorm {
+        rows: usize,
+        n: usize,
+    },
+    Add {
+        rows: usize,
+        n: usize,
+    },
+    SwiGlu {
+        rows: usize,
+        n: usize,
+    },
+    Rope {
+        t: usize,
+        h: usize,
+        d: usize,
+    },
+    /// `q [tq, h, d]` over `k, v [tk, kvh, d]`.
+    Attention {
+        tq: usize,
+        tk: usize,
+        h: usize,
+        kvh: usize,
+        d: usize,
+        causal: bool,
+    },
+    /// A contiguous copy of `n` elements (reads and writes them once).
+    Copy {
+        n: usize,
+    },
+}
+
+struct Case {
+    name: String,
+    kind: Kind,
+}
+
+fn cases(large: bool, cpu: bool) -> Vec<Case> {
+    let mut v = Vec::new();
+    let mut push = |name: String, kind: Kind| v.push(Case { name, kind });
+    // (model, d_model, ffn) of Llama-shaped models: SmolLM2-135M, Llama 3.2 1B, Llama 2 7B
+    for (model, d, ffn) in [("135m", 576, 1536), ("1b", 2048, 8192), ("7b", 4096, 11008)] {
+        for m in [1, 512] {
+            if m == 512 && cpu && model == "7b" {
+                continue;
+            }
+            let phase = if m == 1 { "decode" } else { "prefill512" };
+            for (proj, n, k) in [("qkv/o", d, d), ("up", ffn, d), ("down", d, ffn)] {
+                push(
+                    format!("linear {model} {phase} {proj} {m}x{n}x{k}"),
+                    Kind::Linear { m, n, k },
+                );
+            }
+        }
+    }
+    let mut squares = vec![1024];
+    if !cpu || large {
+        squares.push(4096);
+    }
+    if large {
+        squares.push(8192);
+    }
+    for s in squares {
+        push(format!("matmul {s}^3"), Kind::Matmul { m: s, n: s, k: s });
+    }
+    let mut rows = vec![1, 512];
+    if !cpu || large {
+        rows.push(4096);
+    }
+    for r in rows {
+        let n = 4096;
+        push(format!("softmax {r}x{n}"), Kind::Softmax { rows: r, n });
+        push(format!("rms_norm {r}x{n}"), Kind::RmsNorm { rows: r, n });
+        push(
+            format!("layer_norm {r}x{n}"),
+            Kind::LayerNorm { rows: r, n },
+        );
+        push(format!("add {r}x{n}"), Kind::Add { rows: r, n });
+        push(format!("swiglu {r}x{n}"), Kind::SwiGlu { rows: r, n });
+    }
+    push(
+        "rope 512x32x128".into(),
+        Kind::Rope {
+            t: 512,
+            h: 32,
+            d: 128,
+        },
+    );
+    let prefill = if cpu && !large { 512 } else { 2048 };
+    push(
+        format!("attention prefill {prefill} causal h32 d128"),
+        Kind::Attention {
+            tq: prefill,
+            tk: prefill,
+            h: 32,
+            kvh: 32,
+            d: 128,
+            causal: true,
+        },
+    );
+    push(
+        "attention decode over 4096 h32 d128".into(),
+        Kind::Attention {
+            tq: 1,
+            tk: 4096,
+            h: 32,
+            kvh: 32,
+            d: 128,
+            causal: true,
+        },
+    );
+    let n = if cpu { 1 << 24 } else { 1 << 27 };
+    push(format!("copy {n}"), Kind::Copy { n });
+    v
+}
+
+/// The inputs of a case and the function that runs it once.
+type Runner = Box<dyn Fn() -> silica::Result<Tensor>>;
+
+fn build(kind: &Kind, dtype: DType, dev: &Device) -> silica::Result<(Runner, f64, f64)> {
+    let rnd = |shape: &[usize], seed: u64| Tensor::randn(shape, dtype, seed, dev);
+    let es = dtype.size_in_bytes() as f64;
+    Ok(match *kind {
+        Kind::Linear { m, n, k } | Kind::Matmul { m, n, k } => {
+            let a = rnd(&[m, k], 1)?;
+            let b = match kind {
+                Kind::Linear { .. } => rnd(&[n, k], 2)?.t()?,
+                _ => rnd(&[k, n], 2)?,
+            };
+            let flops = 2.0 * (m * n * k) as f64;
+            let bytes = es * (m * k + k * n + m * n) as f64;
+            (Box::new(move || a.matmul(&b)), flops, bytes)
+        }
+        Kind::Softmax { rows, n } => {
+            let x = rnd(&[rows, n], 1)?;
+            (
+                Box::new(move || x.softmax(-1)),
+                0.0,
+                2.0 * es * (rows * n) as f64,
+            )
+        }
+        Kind::RmsNorm { rows, n } => {
+            let (x, w) = (rnd(&[rows, n], 1)?, rnd(&[n], 2)?);
+            (
+                Box::new(move || x.rms_norm(&w, 1e-6)),
+                0.0,
+                2.0 * es * (rows * n) as f64,
+            )
+        }
+        Kind::LayerNorm { rows, n } => {
+            let (x, w, b) = (rnd(&[rows, n], 1)?, rnd(&[n], 2)?, rnd(&[n], 3)?);
+            let run = move || x.layer_norm(&w, &b, 1e-5);
+            (Box::new(run), 0.0, 2.0 * es * (rows * n) as f64)
+        }
+        Kind::Add { rows, n } => {
+            let (x, y) = (rnd(&[rows, n], 1)?, rnd(&[rows, n], 2)?);
+            (
+                Box::new(move || x.add(&y)),
+                0.0,
+                3.0 * es * (rows * n) as f64,
+            )
+        }
+        Kind::SwiGlu { rows, n } => {
+            let (g, u) = (rnd(&[rows, n], 1)?, rnd(&[rows, n], 2)?);
+            (
+                Box::new(move || g.swiglu(&u)),
+                0.0,
+                3.0 * es * (rows * n) as f64,
+            )
+        }
+        Kind::Rope { t, h, d } => {
+            let x = rnd(&[t, h, d], 1)?;
+            let angles = Tensor::rand(&[t, d / 2], DType::F32, 2, dev)?;
+            let (cos, sin) = (angles.cos()?, angles.sin()?);
+            let run = move || x.rope(&cos, &sin, RopeStyle::Half);
+            (Box::new(run), 0.0, 2.0 * es * (t * h * d) as f64)
+        }
+        Kind::Attention {
+            tq,
+            tk,
+            h,
+            kvh,
+            d,
+            causal,
+        } => {
+            let q = rnd(&[tq, h, d], 1)?;
+            let (k, v) = (rnd(&[tk, kvh, d], 2)?, rnd(&[tk, kvh, d], 3)?);
+            let opts = AttentionOpts {
+                scale: 1.0 / (d as f32).sqrt(),
+                causal,
+            };
+            // q·k and p·v over the visible keys
+            let pairs = if causal && tq == tk {
+                (tq * (tq + 1) / 2) as f64
+            } else {
+                (tq * tk) as f64
+            };
+            let flops = 4.0 * pairs * (h * d) as f64;
+            let bytes = es * (2 * tq * h * d + 2 * tk * kvh * d) as f64;
+            (
+                Box::new(move || q.attention(&k, &v, None, opts)),
+                flops,
+                bytes,
+            )
+        }
+        Kind::Copy { n } => {
+            let x = rnd(&[n], 1)?;
+            (Box::new(move || x.copy()), 0.0, 2.0 * es * n as f64)
+        }
+    })
+}
+
+/// Seconds per call of `f`: warm-up, then as many calls as fit in `budget`.
+fn time(f: &Runner, dev: &Device, budget: f64) -> silica::Result<(f64, usize)> {
+    for _ in 0..2 {
+        drop(f()?);
+    }
+    dev.synchronize()?;
+    let start = Instant::now();
+    drop(f()?);
+    dev.synchronize()?;
+    let once = start.elapsed().as_secs_f64();
+    let iters = ((budget / once.max(1e-7)) as usize).clamp(1, 10_000);
+    let start = Instant::now();
+    for _ in 0..iters {
+        drop(f()?);
+    }
+    dev.synchronize()?;
+    Ok((start.elapsed().as_secs_f64() / iters as f64, iters))
+}
+
+/// Small ops: a chain of 1,000 adds on 1,024 elements (sustained ops per
+/// second), and one add followed by a read-back (latency).
+fn small_ops(dev: &Device, dtype: DType) -> silica::Result<(f64, f64)> {
+    let x = Tensor::randn(&[1024], dtype, 1, dev)?;
+    let one = Tensor::ones(&[1024], dtype, dev)?;
+    let chain = || -> silica::Result<Tensor> {
+        let mut y = x.clone();
+        for _ in 0..1000 {
+            y = y.add(&one)?;
+        }
+        Ok(y)
+    };
+    drop(chain()?);
+    dev.synchronize()?;
+    let start = Instant::now();
+    let rounds = 5;
+    for _ in 0..rounds {
+        drop(chain()?);
+    }
+    dev.synchronize()?;
+    let ops_per_s = (rounds * 1000) as f64 / start.elapsed().as_secs_f64();
+    let mut best = f64::INFINITY;
+    for _ in 0..20 {
+        let start = Instant::now();
+        let v: Vec<f32> = x
+            .add(&one)?
+            .to_dtype(DType::F32)?
+            .narrow(0, 0, 1)?
+            .to_vec()?;
+        best = best.min(start.elapsed().as_secs_f64());
+        std::hint::black_box(v);
+    }
+    Ok((ops_per_s, best))
+}
+
+fn kind_json(kind: &Kind) -> String {
+    // Debug of the kind is `Name { field: value, .. }`: turn it into JSON
+    let text = format!("{kind:?}");
+    let (name, rest) = text.split_once(' ').unwrap_or((&text, ""));
+    let fields = rest.trim_matches(|c| c == '{' || c == '}' || c == ' ');
+    let mut out = format!("{{\"op\": \"{name}\"");
+    for f in fields.split(", ").filter(|f| !f.is_empty()) {
+        if let Some((k, v)) = f.split_once(": ") {
+            let _ = write!(out, ", \"{k}\": {v}");
+        }
+    }
+    out.push('}');
+    out
+}
+
+pub fn run(args: &BenchArgs) -> Result<(), CliError> {
+    let dtype = crate::generate::parse_dtype(&args.dtype)?;
+    let dev = match &args.device {
+        Some(sel) => Device::select(sel)?,
+        None => Device::best()?,
+    };
+    let cpu = matches!(dev, Device::Cpu);
+    if !args.json {
+        emit(&format!(
+            "silica bench on {dev} ({dtype}); wall-clock per call, device synchronized\n\n{:<48} {:>11} {:>10} {:>10}\n",
+            "case", "time", "GFLOP/s", "GB/s"
+        ))?;
+    }
+    for case in cases(args.large, cpu) {
+        if args
+            .filter
+            .as_ref()
+            .is_some_and(|f| !case.name.contains(f.as_str()))
+        {
+            continue;
+        }
+        let (runner, flops, bytes) = build(&case.kind, dtype, &dev)?;
+        let (secs, iters) = time(&runner, &dev, args.seconds)?;
+        drop(runner);
+        let gflops = flops / secs / 1e9;
+        let gbs = bytes / secs / 1e9;
+        let line = if args.json {
+            format!(
+                "{{\"name\": \"{}\", \"kind\": {}, \"dtype\": \"{dtype}\", \"device\": \"{dev}\", \"seconds\": {secs:e}, \"iters\": {iters}, \"gflops\": {gflops:.3}, \"gbs\": {gbs:.3}}}\n",
+                case.name,
+                kind_json(&case.kind)
+            )
+        } else {
+            let show = |v: f64| {
+                if v > 0.0 {
+                    format!("{v:.1}")
+                } else {
+                    "-".into()
+                }
+            };
+            format!(
+                "{:<48} {:>9.1}us {:>10} {:>10}\n",
+                case.name,
+                secs * 1e6,
+                show(gflops),
+                show(gbs)
+            )
+        };
+        emit(&line)?;
+        dev.empty_cache();
+    }
+    if args
+        .filter
+        .as_ref()
+        .is_none_or(|f| "small ops".contains(f.as_str()))
+    {
+        let (ops, latency) = small_ops(&dev, dtype)?;
+        let line = if args.json {
+            format!(
+                "{{\"name\": \"small ops\", \"kind\": {{\"op\": \"SmallOps\"}}, \"dtype\": \"{dtype}\", \"device\": \"{dev}\", \"ops_per_s\": {ops:.0}, \"latency_s\": {latency:e}}}\n"
+            )
+        } else {
+            format!(
+                "\nsmall ops: {ops:.0} adds/s sustained (1,000 chained adds of 1,024 elements); one add + read-back {:.1}us\n",
+                latency * 1e6
+            )
+        };
+        emit(&line)?;
+    }
+    Ok(())
+}
