@@ -29,6 +29,9 @@ struct Params {
 
 override IN_DT: u32 = 0u;
 override OUT_DT: u32 = 0u;
+// Rows of a (p.m), as a constant so that the loops over rows unroll and the
+// accumulators stay in registers.
+override M: u32 = 1u;
 
 const LANES: u32 = 32u;
 const MAX_M: u32 = 8u;
@@ -47,19 +50,19 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         for (var k = lane; k < p.k; k += LANES) {
             let eb = b0 + k * p.sb_k + col * p.sb_n;
             let bv = decode(src_b[word_index(eb, IN_DT)], eb, IN_DT);
-            for (var r = 0u; r < p.m; r++) {
+            for (var r = 0u; r < M; r++) {
                 let ea = a0 + r * p.sa_m + k * p.sa_k;
                 acc[r] = fma(decode(src_a[word_index(ea, IN_DT)], ea, IN_DT), bv, acc[r]);
             }
         }
     }
-    for (var r = 0u; r < MAX_M; r++) {
+    for (var r = 0u; r < M; r++) {
         partial[r * WG + lid] = acc[r];
     }
     workgroupBarrier();
     for (var s = LANES / 2u; s > 0u; s >>= 1u) {
         if lane < s {
-            for (var r = 0u; r < p.m; r++) {
+            for (var r = 0u; r < M; r++) {
                 partial[r * WG + lid] += partial[r * WG + lid + s];
             }
         }
@@ -69,7 +72,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         return;
     }
     let out0 = z * p.m * p.n;
-    for (var r = 0u; r < p.m; r++) {
+    for (var r = 0u; r < M; r++) {
         let e = out0 + r * p.n + col;
         let v = partial[r * WG + lid];
         if OUT_DT == 1u || OUT_DT == 2u {

@@ -83,10 +83,7 @@ pub(crate) fn matmul(
     via_f32(ctx, out_shape, out, out_dtype, |dst, dt| {
         ctx.dispatch(
             kernel,
-            &[
-                ("IN_DT", a.dtype().gpu_code() as f64),
-                ("OUT_DT", dt.gpu_code() as f64),
-            ],
+            &constants(kernel, a.dtype(), dt, m),
             &bytes,
             &[buffer(a), buffer(b)],
             dst.raw(),
@@ -95,13 +92,27 @@ pub(crate) fn matmul(
     })
 }
 
+/// The specialization constants of a launch: dtypes, and for GEMV the row count.
+fn constants(kernel: &Kernel, input: DType, out: DType, m: usize) -> Vec<(&'static str, f64)> {
+    let mut c = vec![
+        ("IN_DT", input.gpu_code() as f64),
+        ("OUT_DT", out.gpu_code() as f64),
+    ];
+    if std::ptr::eq(kernel, &GEMV) {
+        c.push(("M", m as f64));
+    }
+    c
+}
+
 #[cfg(test)]
 pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)>)> {
     let mut out = Vec::new();
     for dt in [0.0, 1.0, 2.0] {
         for o in [dt, 0.0] {
             out.push((&MATMUL, vec![("IN_DT", dt), ("OUT_DT", o)]));
-            out.push((&GEMV, vec![("IN_DT", dt), ("OUT_DT", o)]));
+            for m in 1..=GEMV_MAX_M {
+                out.push((&GEMV, vec![("IN_DT", dt), ("OUT_DT", o), ("M", m as f64)]));
+            }
         }
     }
     out

@@ -35,8 +35,42 @@ override OUT_DT: u32 = 0u;
 const TILE: u32 = 64u;
 const TK: u32 = 16u;
 
-var<workgroup> tile_a: array<f32, 1024>; // [TILE][TK]
+// Both tiles are stored k-major, so a thread's 4 rows of a and 4 columns of
+// b at one k are 4 consecutive words each.
+var<workgroup> tile_a: array<f32, 1024>; // [TK][TILE]
 var<workgroup> tile_b: array<f32, 1024>; // [TK][TILE]
+
+fn a_vec(kk: u32, r0: u32) -> vec4<f32> {
+    let i = kk * TILE + r0;
+    return vec4<f32>(tile_a[i], tile_a[i + 1u], tile_a[i + 2u], tile_a[i + 3u]);
+}
+
+fn b_vec(kk: u32, c0: u32) -> vec4<f32> {
+    let i = kk * TILE + c0;
+    return vec4<f32>(tile_b[i], tile_b[i + 1u], tile_b[i + 2u], tile_b[i + 3u]);
+}
+
+fn store_row(out0: u32, r: u32, c0: u32, v: vec4<f32>) {
+    if r >= p.m {
+        return;
+    }
+    let vals = array<f32, 4>(v.x, v.y, v.z, v.w);
+    for (var j = 0u; j < 4u; j += 2u) {
+        let c = c0 + j;
+        if c >= p.n {
+            return;
+        }
+        let e = out0 + r * p.n + c;
+        if OUT_DT == 1u || OUT_DT == 2u {
+            dst[e >> 1u] = encode_pair(vals[j], vals[j + 1u], OUT_DT);
+        } else {
+            dst[e] = bitcast<u32>(vals[j]);
+            if c + 1u < p.n {
+                dst[e + 1u] = bitcast<u32>(vals[j + 1u]);
+            }
+        }
+    }
+}
 
 @compute @workgroup_size(16, 16)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid3: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -45,65 +79,59 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     let b0 = p.off_b + strided_offset(z, p.batch_rank, p.batch_shape, p.batch_strides_b);
     let row0 = wid.y * TILE;
     let col0 = wid.x * TILE;
-    let tx = lid3.x;
-    let ty = lid3.y;
-    var acc: array<array<f32, 4>, 4>;
+    let r0 = lid3.y * 4u;
+    let c0 = lid3.x * 4u;
+    // the 4x4 outputs of this thread, one vec4 per row: no indexed private
+    // array, so they stay in registers
+    var acc0 = vec4<f32>(0.0);
+    var acc1 = vec4<f32>(0.0);
+    var acc2 = vec4<f32>(0.0);
+    var acc3 = vec4<f32>(0.0);
     for (var kt = 0u; kt < p.k; kt += TK) {
         for (var i = 0u; i < 4u; i++) {
+            // a: 64 rows x 16 k, consecutive threads along k (contiguous for
+            // row-major a); b: 16 k x 64 columns, consecutive threads along
+            // the columns when b is row-major, along k when b is a
+            // transposed weight
             let idx = lid + i * 256u;
-            let ar = row0 + idx / TK;
-            let ak = kt + idx % TK;
+            let ar = idx / TK;
+            let ak = idx % TK;
             var va = 0.0;
-            if ar < p.m && ak < p.k {
-                let e = a0 + ar * p.sa_m + ak * p.sa_k;
+            if row0 + ar < p.m && kt + ak < p.k {
+                let e = a0 + (row0 + ar) * p.sa_m + (kt + ak) * p.sa_k;
                 va = decode(src_a[word_index(e, IN_DT)], e, IN_DT);
             }
-            tile_a[idx] = va;
-            let bk = kt + idx / TILE;
-            let bc = col0 + idx % TILE;
+            tile_a[ak * TILE + ar] = va;
+            var bk: u32;
+            var bc: u32;
+            if p.sb_k == 1u {
+                bk = idx % TK;
+                bc = idx / TK;
+            } else {
+                bk = idx / TILE;
+                bc = idx % TILE;
+            }
             var vb = 0.0;
-            if bk < p.k && bc < p.n {
-                let e = b0 + bk * p.sb_k + bc * p.sb_n;
+            if kt + bk < p.k && col0 + bc < p.n {
+                let e = b0 + (kt + bk) * p.sb_k + (col0 + bc) * p.sb_n;
                 vb = decode(src_b[word_index(e, IN_DT)], e, IN_DT);
             }
-            tile_b[idx] = vb;
+            tile_b[bk * TILE + bc] = vb;
         }
         workgroupBarrier();
         for (var kk = 0u; kk < TK; kk++) {
-            var av: array<f32, 4>;
-            var bv: array<f32, 4>;
-            for (var i = 0u; i < 4u; i++) {
-                av[i] = tile_a[(ty * 4u + i) * TK + kk];
-                bv[i] = tile_b[kk * TILE + tx * 4u + i];
-            }
-            for (var i = 0u; i < 4u; i++) {
-                for (var j = 0u; j < 4u; j++) {
-                    acc[i][j] = fma(av[i], bv[j], acc[i][j]);
-                }
-            }
+            let av = a_vec(kk, r0);
+            let bv = b_vec(kk, c0);
+            acc0 = fma(vec4<f32>(av.x), bv, acc0);
+            acc1 = fma(vec4<f32>(av.y), bv, acc1);
+            acc2 = fma(vec4<f32>(av.z), bv, acc2);
+            acc3 = fma(vec4<f32>(av.w), bv, acc3);
         }
         workgroupBarrier();
     }
     let out0 = z * p.m * p.n;
-    for (var i = 0u; i < 4u; i++) {
-        let r = row0 + ty * 4u + i;
-        if r >= p.m {
-            break;
-        }
-        for (var j = 0u; j < 4u; j += 2u) {
-            let c = col0 + tx * 4u + j;
-            if c >= p.n {
-                break;
-            }
-            let e = out0 + r * p.n + c;
-            if OUT_DT == 1u || OUT_DT == 2u {
-                dst[e >> 1u] = encode_pair(acc[i][j], acc[i][j + 1u], OUT_DT);
-            } else {
-                dst[e] = bitcast<u32>(acc[i][j]);
-                if c + 1u < p.n {
-                    dst[e + 1u] = bitcast<u32>(acc[i][j + 1u]);
-                }
-            }
-        }
-    }
+    store_row(out0, row0 + r0, col0 + c0, acc0);
+    store_row(out0, row0 + r0 + 1u, col0 + c0, acc1);
+    store_row(out0, row0 + r0 + 2u, col0 + c0, acc2);
+    store_row(out0, row0 + r0 + 3u, col0 + c0, acc3);
 }
