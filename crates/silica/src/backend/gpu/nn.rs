@@ -10,7 +10,11 @@ use crate::{DType, Layout, Result, Tensor};
 
 pub(crate) static NORM: Kernel = Kernel {
     name: "norm",
-    source: concat!(include_str!("common.wgsl"), include_str!("norm.wgsl")),
+    source: concat!(
+        include_str!("common.wgsl"),
+        include_str!("rows.wgsl"),
+        include_str!("norm.wgsl")
+    ),
     inputs: 3,
 };
 pub(crate) static ROPE: Kernel = Kernel {

@@ -27,8 +27,6 @@ override LAYER: bool = false;
 override SRC_DT: u32 = 0u;
 override OUT_DT: u32 = 0u;
 
-var<workgroup> part: array<f32, 256>;
-
 fn load(i: u32) -> f32 {
     return decode(src[word_index(i, SRC_DT)], i, SRC_DT);
 }
@@ -38,20 +36,6 @@ fn param(buf: u32, i: u32) -> f32 {
         return decode(weight[word_index(i, SRC_DT)], i, SRC_DT);
     }
     return decode(bias[word_index(i, SRC_DT)], i, SRC_DT);
-}
-
-fn workgroup_sum(v: f32, lid: u32) -> f32 {
-    part[lid] = v;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if lid < s {
-            part[lid] += part[lid + s];
-        }
-        workgroupBarrier();
-    }
-    let r = part[0];
-    workgroupBarrier();
-    return r;
 }
 
 fn normed(base: u32, k: u32, mean: f32, inv: f32) -> f32 {

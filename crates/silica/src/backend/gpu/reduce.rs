@@ -13,7 +13,11 @@ pub(crate) static REDUCE: Kernel = Kernel {
 };
 pub(crate) static SOFTMAX: Kernel = Kernel {
     name: "softmax",
-    source: concat!(include_str!("common.wgsl"), include_str!("softmax.wgsl")),
+    source: concat!(
+        include_str!("common.wgsl"),
+        include_str!("rows.wgsl"),
+        include_str!("softmax.wgsl")
+    ),
     inputs: 1,
 };
 

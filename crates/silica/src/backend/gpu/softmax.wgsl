@@ -26,38 +26,8 @@ override LOG: bool = false;
 override SRC_DT: u32 = 0u;
 override OUT_DT: u32 = 0u;
 
-var<workgroup> part: array<f32, 256>;
-
 fn load(i: u32) -> f32 {
     return decode(src[word_index(i, SRC_DT)], i, SRC_DT);
-}
-
-fn workgroup_max(v: f32, lid: u32) -> f32 {
-    part[lid] = v;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if lid < s {
-            part[lid] = max(part[lid], part[lid + s]);
-        }
-        workgroupBarrier();
-    }
-    let r = part[0];
-    workgroupBarrier();
-    return r;
-}
-
-fn workgroup_sum(v: f32, lid: u32) -> f32 {
-    part[lid] = v;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if lid < s {
-            part[lid] += part[lid + s];
-        }
-        workgroupBarrier();
-    }
-    let r = part[0];
-    workgroupBarrier();
-    return r;
 }
 
 @compute @workgroup_size(256)
