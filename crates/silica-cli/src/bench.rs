@@ -4,9 +4,11 @@
 //! attention), plus the dispatch cost of small ops and a device-to-device
 //! copy as the bandwidth yardstick.
 //!
-//! Times are wall-clock per call, averaged over enough calls to fill about
-//! `--seconds`, after warm-up, with the device synchronized before the
-//! clock stops. `--json` writes one object per case, which
+//! Times are per call, averaged over enough calls to fill about
+//! `--seconds` in one command stream, after warm-up. On a GPU with
+//! timestamp queries the figure is GPU time between a timestamp before the
+//! loop and one after it (as PyTorch's CUDA events around the same loop);
+//! the wall-clock time with the device synchronized is shown beside it. `--json` writes one object per case, which
 //! `benchmarks/torch_kernels.py` reads to run the same shapes through
 //! PyTorch and print both side by side.
 
@@ -274,8 +276,23 @@ fn build(kind: &Kind, dtype: DType, dev: &Device) -> silica::Result<(Runner, f64
     })
 }
 
-/// Seconds per call of `f`: warm-up, then as many calls as fit in `budget`.
-fn time(f: &Runner, dev: &Device, budget: f64) -> silica::Result<(f64, usize)> {
+/// Per-call times of `f`: warm-up, then as many calls as fit in `budget`
+/// in one command stream. Wall-clock seconds per call, and on a GPU with
+/// timestamp queries the GPU-timeline seconds per call of the same loop.
+struct Timing {
+    wall: f64,
+    gpu: Option<f64>,
+    iters: usize,
+}
+
+impl Timing {
+    /// The figure reported: the GPU clock where there is one.
+    fn secs(&self) -> f64 {
+        self.gpu.unwrap_or(self.wall)
+    }
+}
+
+fn time(f: &Runner, dev: &Device, budget: f64) -> silica::Result<Timing> {
     for _ in 0..2 {
         drop(f()?);
     }
@@ -285,12 +302,27 @@ fn time(f: &Runner, dev: &Device, budget: f64) -> silica::Result<(f64, usize)> {
     dev.synchronize()?;
     let once = start.elapsed().as_secs_f64();
     let iters = ((budget / once.max(1e-7)) as usize).clamp(1, 10_000);
+    let run = || -> silica::Result<()> {
+        for _ in 0..iters {
+            drop(f()?);
+        }
+        Ok(())
+    };
     let start = Instant::now();
-    for _ in 0..iters {
-        drop(f()?);
-    }
+    let gpu = match dev {
+        Device::Gpu(g) => g.gpu_time(run)?.1,
+        Device::Cpu => {
+            run()?;
+            None
+        }
+    };
     dev.synchronize()?;
-    Ok((start.elapsed().as_secs_f64() / iters as f64, iters))
+    let n = iters as f64;
+    Ok(Timing {
+        wall: start.elapsed().as_secs_f64() / n,
+        gpu: gpu.map(|s| s / n),
+        iters,
+    })
 }
 
 /// Small ops: a chain of 1,000 adds on 1,024 elements (sustained ops per
@@ -352,8 +384,13 @@ pub fn run(args: &BenchArgs) -> Result<(), CliError> {
     let cpu = matches!(dev, Device::Cpu);
     if !args.json {
         emit(&format!(
-            "silica bench on {dev} ({dtype}); wall-clock per call, device synchronized\n\n{:<48} {:>11} {:>10} {:>10}\n",
-            "case", "time", "GFLOP/s", "GB/s"
+            "silica bench on {dev} ({dtype}); time per call: {}\n\n{:<48} {:>11} {:>11} {:>10} {:>10}\n",
+            if cpu {
+                "wall-clock"
+            } else {
+                "GPU timestamps around the loop (wall-clock with the device synchronized beside it)"
+            },
+            "case", "time", "wall", "GFLOP/s", "GB/s"
         ))?;
     }
     for case in cases(args.large, cpu) {
@@ -365,15 +402,19 @@ pub fn run(args: &BenchArgs) -> Result<(), CliError> {
             continue;
         }
         let (runner, flops, bytes) = build(&case.kind, dtype, &dev)?;
-        let (secs, iters) = time(&runner, &dev, args.seconds)?;
+        let t = time(&runner, &dev, args.seconds)?;
         drop(runner);
+        let secs = t.secs();
         let gflops = flops / secs / 1e9;
         let gbs = bytes / secs / 1e9;
         let line = if args.json {
+            let gpu = t.gpu.map_or("null".to_string(), |g| format!("{g:e}"));
             format!(
-                "{{\"name\": \"{}\", \"kind\": {}, \"dtype\": \"{dtype}\", \"device\": \"{dev}\", \"seconds\": {secs:e}, \"iters\": {iters}, \"gflops\": {gflops:.3}, \"gbs\": {gbs:.3}}}\n",
+                "{{\"name\": \"{}\", \"kind\": {}, \"dtype\": \"{dtype}\", \"device\": \"{dev}\", \"seconds\": {secs:e}, \"wall_seconds\": {:e}, \"gpu_seconds\": {gpu}, \"iters\": {}, \"gflops\": {gflops:.3}, \"gbs\": {gbs:.3}}}\n",
                 case.name,
-                kind_json(&case.kind)
+                kind_json(&case.kind),
+                t.wall,
+                t.iters
             )
         } else {
             let show = |v: f64| {
@@ -384,9 +425,10 @@ pub fn run(args: &BenchArgs) -> Result<(), CliError> {
                 }
             };
             format!(
-                "{:<48} {:>9.1}us {:>10} {:>10}\n",
+                "{:<48} {:>9.1}us {:>9.1}us {:>10} {:>10}\n",
                 case.name,
                 secs * 1e6,
+                t.wall * 1e6,
                 show(gflops),
                 show(gbs)
             )

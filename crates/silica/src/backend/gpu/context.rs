@@ -235,6 +235,60 @@ impl Context {
         Ok(())
     }
 
+    /// Starts a clock on the GPU's own timeline (timestamp queries), or
+    /// `None` where the adapter has none. Work recorded before
+    /// [`Context::timer_stop`] is what it measures, including any idle time
+    /// between kernels, as CUDA events around a loop do.
+    pub fn timer_start(&self) -> Result<Option<wgpu::QuerySet>> {
+        self.check_alive()?;
+        if !self
+            .device
+            .features()
+            .contains(wgpu::Features::TIMESTAMP_QUERY)
+        {
+            return Ok(None);
+        }
+        let set = self.device.create_query_set(&wgpu::QuerySetDescriptor {
+            label: Some("silica timer"),
+            ty: wgpu::QueryType::Timestamp,
+            count: 2,
+        });
+        self.mark(&set, 0);
+        Ok(Some(set))
+    }
+
+    /// Stops a clock from [`Context::timer_start`]: waits for the work and
+    /// returns the GPU seconds between the two marks.
+    pub fn timer_stop(&self, set: wgpu::QuerySet) -> Result<f64> {
+        self.mark(&set, 1);
+        let resolved = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("silica timer"),
+            size: 16,
+            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        self.record(|enc| enc.resolve_query_set(&set, 0..2, &resolved, 0));
+        let bytes = self.read(&resolved, 0, 16)?;
+        let ticks: &[u64] = bytemuck::cast_slice(&bytes);
+        let period_ns = f64::from(self.queue.get_timestamp_period());
+        Ok(ticks[1].saturating_sub(ticks[0]) as f64 * period_ns * 1e-9)
+    }
+
+    /// Records an empty compute pass that writes timestamp `index` of `set`
+    /// at its end, that is once the work recorded before it has run.
+    fn mark(&self, set: &wgpu::QuerySet, index: u32) {
+        self.record(|enc| {
+            drop(enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("silica timestamp"),
+                timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
+                    query_set: set,
+                    beginning_of_pass_write_index: None,
+                    end_of_pass_write_index: Some(index),
+                }),
+            }));
+        });
+    }
+
     /// Records zeroing of a whole buffer.
     pub fn clear(&self, buf: &GpuBuffer) {
         self.record(|enc| enc.clear_buffer(buf.raw(), 0, None));

@@ -80,6 +80,24 @@ impl GpuDevice {
         self.ctx.synchronize()
     }
 
+    /// Runs `f`, which records GPU work, between two timestamps on the
+    /// device's own timeline and waits for it: `Some(seconds)` of GPU time
+    /// (idle gaps between kernels included, as with CUDA events around a
+    /// loop), `None` where the adapter has no timestamp queries.
+    pub fn gpu_time<R>(&self, f: impl FnOnce() -> Result<R>) -> Result<(R, Option<f64>)> {
+        self.synchronize()?;
+        let timer = self.ctx.timer_start()?;
+        let r = f()?;
+        let secs = match timer {
+            Some(t) => Some(self.ctx.timer_stop(t)?),
+            None => {
+                self.synchronize()?;
+                None
+            }
+        };
+        Ok((r, secs))
+    }
+
     /// Strict mode: a missing kernel is an error instead of a CPU fallback.
     /// Starts as `SILICA_STRICT`.
     pub fn set_strict(&self, on: bool) {
