@@ -305,6 +305,48 @@ fn matmul_cases(cases: &mut Vec<Case>) {
     }
 }
 
+/// Each matmul kernel forced on shapes that cross its tile edges, with
+/// layouts that take its vector loading paths (contiguous rows whose starts
+/// are multiples of 8 elements, a transposed weight, a row-major b) and its
+/// element-wise ones (offsets, transposed a).
+fn forced_matmul_cases(cases: &mut Vec<Case>) {
+    let shapes: [(&[usize], &[usize]); 6] = [
+        (&[129, 64], &[64, 136]),
+        (&[2, 3, 72], &[72, 10]),
+        (&[130, 72], &[72, 131]),
+        (&[2, 70, 40], &[2, 40, 136]),
+        (&[5, 48], &[48, 24]),
+        (&[33, 36], &[36, 20]),
+    ];
+    for kernel in ["matmul", "matmul_big", "matmul_coop", "gemv"] {
+        for dtype in DType::FLOATS {
+            for ka in [Kind::Contiguous, Kind::Transposed, Kind::Offset] {
+                for kb in [Kind::Contiguous, Kind::Transposed, Kind::Offset] {
+                    for (sa, sb) in shapes {
+                        let m = sa[sa.len() - 2];
+                        if kernel == "gemv" && m > 8 {
+                            continue;
+                        }
+                        let name = format!("matmul[{kernel}] {dtype} {ka:?}x{kb:?} {sa:?} {sb:?}");
+                        case(cases, name, accumulating(dtype), move |d| {
+                            let (a, b) =
+                                (input(ka, sa, dtype, 12, d)?, input(kb, sb, dtype, 13, d)?);
+                            if let Device::Gpu(g) = d {
+                                g.force_matmul_kernel_for_testing(Some(kernel));
+                            }
+                            let r = a.matmul(&b);
+                            if let Device::Gpu(g) = d {
+                                g.force_matmul_kernel_for_testing(None);
+                            }
+                            r
+                        });
+                    }
+                }
+            }
+        }
+    }
+}
+
 fn data_movement_cases(cases: &mut Vec<Case>) {
     for from in DType::ALL {
         for to in DType::ALL {
@@ -374,6 +416,7 @@ fn all_cases() -> Vec<Case> {
     binary_cases(&mut cases);
     reduce_cases(&mut cases);
     matmul_cases(&mut cases);
+    forced_matmul_cases(&mut cases);
     data_movement_cases(&mut cases);
     nn_cases(&mut cases);
     cases

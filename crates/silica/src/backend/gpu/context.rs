@@ -50,6 +50,11 @@ pub(crate) struct Context {
     pub queue: wgpu::Queue,
     pub pool: Arc<MemoryPool>,
     name: String,
+    /// 16x16x16 f16 cooperative matrices with f32 accumulation, subgroups
+    /// of exactly 32: matmul_coop.wgsl can run.
+    coop16: bool,
+    /// Test hook: the matmul kernel to use whatever the shape.
+    pub forced_matmul: Mutex<Option<&'static str>>,
     max_groups: u32,
     modules: Mutex<HashMap<&'static str, wgpu::ShaderModule>>,
     pipelines: Mutex<HashMap<PipelineKey, wgpu::ComputePipeline>>,
@@ -59,6 +64,26 @@ pub(crate) struct Context {
     error: Arc<Mutex<Option<String>>>,
 }
 
+/// Whether the adapter runs matmul_coop.wgsl: f16, 16x16x16 f16 x f16 -> f32
+/// cooperative matrices, and subgroups of exactly 32 (the kernel splits its
+/// 256 threads into 8 subgroups). `SILICA_NO_COOP=1` turns it off.
+fn coop16_available(adapter: &wgpu::Adapter) -> bool {
+    use wgpu::CooperativeScalarType as T;
+    if std::env::var("SILICA_NO_COOP").is_ok_and(|v| v == "1") {
+        return false;
+    }
+    let need = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX | wgpu::Features::SHADER_F16;
+    let info = adapter.get_info();
+    adapter.features().contains(need)
+        && info.subgroup_min_size == 32
+        && info.subgroup_max_size == 32
+        && adapter.cooperative_matrix_properties().iter().any(|c| {
+            (c.m_size, c.n_size, c.k_size) == (16, 16, 16)
+                && c.ab_type == T::F16
+                && c.cr_type == T::F32
+        })
+}
+
 /// Locks a mutex whose data stays valid even if a holder panicked.
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -66,13 +91,26 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Context {
     pub fn new(adapter: &wgpu::Adapter, info: &DeviceInfo) -> Result<Self> {
-        let wanted =
+        let mut wanted =
             wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY;
+        let coop16 = coop16_available(adapter);
+        if coop16 {
+            wanted |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+        }
         let desc = wgpu::DeviceDescriptor {
             label: Some("silica"),
             required_features: adapter.features() & wanted,
             required_limits: adapter.limits(),
             memory_hints: wgpu::MemoryHints::Performance,
+            // SAFETY: the one experimental feature asked for is cooperative
+            // matrices, used only by matmul_coop.wgsl, whose shader test
+            // validates it with naga and whose results the parity suite
+            // compares with the CPU on every adapter that offers it.
+            experimental_features: if coop16 {
+                unsafe { wgpu::ExperimentalFeatures::enabled() }
+            } else {
+                wgpu::ExperimentalFeatures::disabled()
+            },
             ..Default::default()
         };
         let (device, queue) =
@@ -105,6 +143,8 @@ impl Context {
             queue,
             pool,
             name: info.name.clone(),
+            coop16,
+            forced_matmul: Mutex::new(None),
             max_groups: limits.max_compute_workgroups_per_dimension,
             modules: Mutex::new(HashMap::new()),
             pipelines: Mutex::new(HashMap::new()),
@@ -347,6 +387,10 @@ impl Context {
                 reason: format!("{threads} threads exceed one dispatch"),
             })?;
         Ok(self.grid(groups))
+    }
+
+    pub fn coop16(&self) -> bool {
+        self.coop16
     }
 
     pub fn max_groups(&self) -> u32 {

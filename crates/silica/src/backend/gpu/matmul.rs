@@ -11,6 +11,22 @@ pub(crate) static MATMUL: Kernel = Kernel {
     inputs: 2,
 };
 
+pub(crate) static MATMUL_BIG: Kernel = Kernel {
+    name: "matmul_big",
+    source: concat!(include_str!("common.wgsl"), include_str!("matmul_big.wgsl")),
+    inputs: 2,
+};
+
+pub(crate) static MATMUL_COOP: Kernel = Kernel {
+    name: "matmul_coop",
+    source: concat!(
+        "enable f16;\nenable wgpu_cooperative_matrix;\n",
+        include_str!("common.wgsl"),
+        include_str!("matmul_coop.wgsl")
+    ),
+    inputs: 2,
+};
+
 pub(crate) static GEMV: Kernel = Kernel {
     name: "gemv",
     source: concat!(include_str!("common.wgsl"), include_str!("gemv.wgsl")),
@@ -21,6 +37,41 @@ pub(crate) static GEMV: Kernel = Kernel {
 const GEMV_MAX_M: usize = 8;
 /// Output columns per GEMV workgroup.
 const GEMV_COLS: usize = 8;
+/// Workgroups of 128x128 from which the large tile is used (fewer would
+/// leave a large GPU's cores idle: the 64x64 kernel makes four times more).
+const BIG_MIN_GROUPS: usize = 256;
+
+/// Which operand-loading path a launch can take, from the layouts.
+struct Access {
+    /// a is contiguous along k, every row start a multiple of `align`.
+    a_vec: bool,
+    /// 1: b contiguous along k; 2: contiguous along n; 0: any strides.
+    b_mode: u32,
+}
+
+/// Whether every start offset of a strided view, `off + i * stride + batch
+/// offsets`, is a multiple of `align` elements.
+fn aligned(off: usize, strides: &[usize], align: usize) -> bool {
+    off % align == 0 && strides.iter().all(|s| s % align == 0)
+}
+
+fn access(a: &Layout, b: &Layout, batch: &[Layout], align: usize) -> Access {
+    let r = a.rank();
+    let (sa_m, sa_k) = (a.strides()[r - 2], a.strides()[r - 1]);
+    let (sb_k, sb_n) = (b.strides()[r - 2], b.strides()[r - 1]);
+    let mut ba = vec![sa_m];
+    ba.extend_from_slice(batch[0].strides());
+    let a_vec = sa_k == 1 && aligned(a.offset(), &ba, align);
+    let b_mode = if sb_k == 1 && aligned(b.offset(), &[&[sb_n], batch[1].strides()].concat(), align)
+    {
+        1
+    } else if sb_n == 1 && aligned(b.offset(), &[&[sb_k], batch[1].strides()].concat(), align) {
+        2
+    } else {
+        0
+    };
+    Access { a_vec, b_mode }
+}
 
 /// The batch part (all dimensions but the last two) of a layout, merged
 /// where contiguous, with the batch strides of both operands.
@@ -47,8 +98,38 @@ pub(crate) fn matmul(
     let r = out_shape.len();
     let (m, n, k) = (out_shape[r - 2], out_shape[r - 1], a.shape()[r - 1]);
     let batches: usize = out_shape[..r - 2].iter().product();
-    let (kernel, grid) = if m <= GEMV_MAX_M {
+    let batch = batch_views(a.layout(), b.layout());
+    let dt = a.dtype();
+    // elements per vec4 word of the vector paths
+    let word = if dt == DType::F32 { 4 } else { 8 };
+    let acc = access(a.layout(), b.layout(), &batch, word);
+    let big_groups = m.div_ceil(128) * n.div_ceil(128) * batches;
+    let forced = *ctx.forced_matmul.lock().unwrap_or_else(|e| e.into_inner());
+    let coop = dt == DType::F16 && ctx.coop16();
+    let (kernel, grid) = if let Some(name) = forced.filter(|&f| match f {
+        "matmul_coop" => coop,
+        "gemv" => m <= GEMV_MAX_M,
+        _ => true,
+    }) {
+        let kernel = [&MATMUL, &MATMUL_BIG, &MATMUL_COOP, &GEMV]
+            .into_iter()
+            .find(|k| k.name == name)
+            .unwrap_or(&MATMUL);
+        let tile = match kernel.name {
+            "matmul" => 64,
+            _ => 128,
+        };
+        if kernel.name == "gemv" {
+            (kernel, [n.div_ceil(GEMV_COLS), 1, batches])
+        } else {
+            (kernel, [n.div_ceil(tile), m.div_ceil(tile), batches])
+        }
+    } else if m <= GEMV_MAX_M {
         (&GEMV, [n.div_ceil(GEMV_COLS), 1, batches])
+    } else if coop && m >= 64 && n >= 64 {
+        (&MATMUL_COOP, [n.div_ceil(128), m.div_ceil(128), batches])
+    } else if big_groups >= BIG_MIN_GROUPS {
+        (&MATMUL_BIG, [n.div_ceil(128), m.div_ceil(128), batches])
     } else {
         (&MATMUL, [n.div_ceil(64), m.div_ceil(64), batches])
     };
@@ -58,7 +139,6 @@ pub(crate) fn matmul(
             reason: format!("grid {grid:?} exceeds the adapter's workgroup limit"),
         });
     }
-    let batch = batch_views(a.layout(), b.layout());
     let (la, lb) = (a.layout(), b.layout());
     let header = [
         to_u32(m, "M")?,
@@ -83,7 +163,7 @@ pub(crate) fn matmul(
     via_f32(ctx, out_shape, out, out_dtype, |dst, dt| {
         ctx.dispatch(
             kernel,
-            &constants(kernel, a.dtype(), dt, m),
+            &constants(kernel, a.dtype(), dt, m, &acc),
             &bytes,
             &[buffer(a), buffer(b)],
             dst.raw(),
@@ -92,14 +172,27 @@ pub(crate) fn matmul(
     })
 }
 
-/// The specialization constants of a launch: dtypes, and for GEMV the row count.
-fn constants(kernel: &Kernel, input: DType, out: DType, m: usize) -> Vec<(&'static str, f64)> {
-    let mut c = vec![
-        ("IN_DT", input.gpu_code() as f64),
-        ("OUT_DT", out.gpu_code() as f64),
-    ];
+/// The specialization constants of a launch: dtypes, the loading paths, and
+/// for GEMV the row count.
+fn constants(
+    kernel: &Kernel,
+    input: DType,
+    out: DType,
+    m: usize,
+    acc: &Access,
+) -> Vec<(&'static str, f64)> {
+    let mut c = vec![("OUT_DT", out.gpu_code() as f64)];
+    if !std::ptr::eq(kernel, &MATMUL_COOP) {
+        c.push(("IN_DT", input.gpu_code() as f64));
+    }
     if std::ptr::eq(kernel, &GEMV) {
         c.push(("M", m as f64));
+        let vec = acc.a_vec && acc.b_mode == 1;
+        c.push(("VEC", vec as u8 as f64));
+    }
+    if std::ptr::eq(kernel, &MATMUL_BIG) || std::ptr::eq(kernel, &MATMUL_COOP) {
+        c.push(("A_VEC", acc.a_vec as u8 as f64));
+        c.push(("B_MODE", acc.b_mode as f64));
     }
     c
 }
@@ -110,8 +203,26 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
     for dt in [0.0, 1.0, 2.0] {
         for o in [dt, 0.0] {
             out.push((&MATMUL, vec![("IN_DT", dt), ("OUT_DT", o)]));
+            for a_vec in [0.0, 1.0] {
+                for b_mode in [0.0, 1.0, 2.0] {
+                    let v = vec![
+                        ("IN_DT", dt),
+                        ("OUT_DT", o),
+                        ("A_VEC", a_vec),
+                        ("B_MODE", b_mode),
+                    ];
+                    out.push((&MATMUL_BIG, v));
+                    if dt == 1.0 {
+                        let v = vec![("OUT_DT", o), ("A_VEC", a_vec), ("B_MODE", b_mode)];
+                        out.push((&MATMUL_COOP, v));
+                    }
+                }
+            }
             for m in 1..=GEMV_MAX_M {
-                out.push((&GEMV, vec![("IN_DT", dt), ("OUT_DT", o), ("M", m as f64)]));
+                for vec in [0.0, 1.0] {
+                    let v = vec![("IN_DT", dt), ("OUT_DT", o), ("M", m as f64), ("VEC", vec)];
+                    out.push((&GEMV, v));
+                }
             }
         }
     }

@@ -134,6 +134,20 @@ impl GpuDevice {
             .insert(name);
     }
 
+    /// Test hook: run every matmul with the kernel named `name` (`matmul`,
+    /// `matmul_big`, `matmul_coop`, `gemv`) whatever its shape, so that the
+    /// parity suite covers each on small inputs; `None` restores the choice
+    /// by shape. `matmul_coop` applies only where the adapter runs it and
+    /// to f16 operands.
+    #[doc(hidden)]
+    pub fn force_matmul_kernel_for_testing(&self, name: Option<&'static str>) {
+        *self
+            .ctx
+            .forced_matmul
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = name;
+    }
+
     /// Test hook: destroys the underlying wgpu device, as a driver reset
     /// would. Every later op on it returns [`Error::DeviceLost`];
     /// `Device::gpu` then opens a fresh device.

@@ -1,0 +1,299 @@
+// matmul_big.wgsl — dst[z] = a[z] @ b[z] for large M and N: a 16x16
+// workgroup computes a 128x128 tile of dst, 8x8 per thread (rows ty*4..+4
+// and 64+ty*4..+4, the same split for columns, so that the four vec4 reads
+// of a k step are conflict-free), staging 128x16 of a and 16x128 of b in
+// workgroup memory per step. Same Params as matmul.wgsl; a and b are bound
+// as arrays of vec4 words (every pool buffer is a multiple of 16 bytes) so
+// that operands contiguous along the loaded dimension are read four
+// elements at a time:
+// - A_VEC: a is contiguous along k (sa_k = 1) with every row start a
+//   multiple of 4 elements;
+// - B_MODE 1: b contiguous along k (a transposed [N, K] weight), 2: b
+//   contiguous along n (row-major [K, N]); 0: any strides, one element at a
+//   time (as A_VEC false).
+// f16 halves are converted with unpack2x16float on the vector paths.
+
+struct Params {
+    m: u32,
+    n: u32,
+    k: u32,
+    batch_rank: u32,
+    off_a: u32,
+    off_b: u32,
+    sa_m: u32,
+    sa_k: u32,
+    sb_k: u32,
+    sb_n: u32,
+    _pad0: u32,
+    _pad1: u32,
+    batch_shape: array<vec4<u32>, 2>,
+    batch_strides_a: array<vec4<u32>, 2>,
+    batch_strides_b: array<vec4<u32>, 2>,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> src_a: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read> src_b: array<vec4<u32>>;
+@group(0) @binding(3) var<storage, read_write> dst: array<u32>;
+
+override IN_DT: u32 = 0u;
+override OUT_DT: u32 = 0u;
+override A_VEC: bool = false;
+override B_MODE: u32 = 0u;
+
+const TILE: u32 = 128u;
+const TK: u32 = 16u;
+// vec4 slots per k row of a tile
+const SLOTS: u32 = 32u;
+
+var<workgroup> tile_a: array<vec4<f32>, 512>; // [TK][TILE / 4]
+var<workgroup> tile_b: array<vec4<f32>, 512>; // [TK][TILE / 4]
+
+fn elem_a(e: u32) -> f32 {
+    let w = word_index(e, IN_DT);
+    return decode(src_a[w >> 2u][w & 3u], e, IN_DT);
+}
+
+fn elem_b(e: u32) -> f32 {
+    let w = word_index(e, IN_DT);
+    return decode(src_b[w >> 2u][w & 3u], e, IN_DT);
+}
+
+// Four elements from e on (e a multiple of 4), from the vec4 word `q`
+// (f32) or the two words of it that hold them (16-bit types).
+fn unpack4(q: vec4<u32>, e: u32) -> vec4<f32> {
+    if IN_DT == 0u {
+        return bitcast<vec4<f32>>(q);
+    }
+    var w = q.xy;
+    if (e & 4u) != 0u {
+        w = q.zw;
+    }
+    if IN_DT == 1u {
+        return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
+    }
+    return vec4<f32>(
+        bitcast<f32>(w.x << 16u),
+        bitcast<f32>(w.x & 0xffff0000u),
+        bitcast<f32>(w.y << 16u),
+        bitcast<f32>(w.y & 0xffff0000u)
+    );
+}
+
+fn quad_index(e: u32) -> u32 {
+    if IN_DT == 0u {
+        return e >> 2u;
+    }
+    return e >> 3u;
+}
+
+fn set_a(k: u32, r: u32, v: f32) {
+    tile_a[k * SLOTS + (r >> 2u)][r & 3u] = v;
+}
+
+fn set_b(k: u32, c: u32, v: f32) {
+    tile_b[k * SLOTS + (c >> 2u)][c & 3u] = v;
+}
+
+fn store4(out0: u32, r: u32, c0: u32, v: vec4<f32>) {
+    if r >= p.m {
+        return;
+    }
+    let vals = array<f32, 4>(v.x, v.y, v.z, v.w);
+    for (var j = 0u; j < 4u; j += 2u) {
+        let c = c0 + j;
+        if c >= p.n {
+            return;
+        }
+        let e = out0 + r * p.n + c;
+        if OUT_DT == 1u || OUT_DT == 2u {
+            dst[e >> 1u] = encode_pair(vals[j], vals[j + 1u], OUT_DT);
+        } else {
+            dst[e] = bitcast<u32>(vals[j]);
+            if c + 1u < p.n {
+                dst[e + 1u] = bitcast<u32>(vals[j + 1u]);
+            }
+        }
+    }
+}
+
+// Stages a[row0.., kt..] into tile_a (k-major).
+fn load_a(a0: u32, row0: u32, kt: u32, lid: u32) {
+    if A_VEC {
+        for (var i = 0u; i < 2u; i++) {
+            let g = lid + i * 256u;
+            let r = g >> 2u;
+            let kq = (g & 3u) * 4u;
+            let gr = row0 + r;
+            let gk = kt + kq;
+            let e = a0 + gr * p.sa_m + gk;
+            var v = vec4<f32>(0.0);
+            if gr < p.m && gk + 4u <= p.k {
+                v = unpack4(src_a[quad_index(e)], e);
+            } else if gr < p.m {
+                for (var j = 0u; j < 4u; j++) {
+                    if gk + j < p.k {
+                        v[j] = elem_a(e + j);
+                    }
+                }
+            }
+            set_a(kq, r, v.x);
+            set_a(kq + 1u, r, v.y);
+            set_a(kq + 2u, r, v.z);
+            set_a(kq + 3u, r, v.w);
+        }
+    } else {
+        for (var i = 0u; i < 8u; i++) {
+            // consecutive threads along k (contiguous for row-major a)
+            let idx = lid + i * 256u;
+            let r = idx / TK;
+            let k = idx % TK;
+            var v = 0.0;
+            if row0 + r < p.m && kt + k < p.k {
+                v = elem_a(a0 + (row0 + r) * p.sa_m + (kt + k) * p.sa_k);
+            }
+            set_a(k, r, v);
+        }
+    }
+}
+
+// Stages b[kt.., col0..] into tile_b (k-major).
+fn load_b(b0: u32, col0: u32, kt: u32, lid: u32) {
+    if B_MODE == 1u {
+        for (var i = 0u; i < 2u; i++) {
+            let g = lid + i * 256u;
+            let c = g >> 2u;
+            let kq = (g & 3u) * 4u;
+            let gc = col0 + c;
+            let gk = kt + kq;
+            let e = b0 + gc * p.sb_n + gk;
+            var v = vec4<f32>(0.0);
+            if gc < p.n && gk + 4u <= p.k {
+                v = unpack4(src_b[quad_index(e)], e);
+            } else if gc < p.n {
+                for (var j = 0u; j < 4u; j++) {
+                    if gk + j < p.k {
+                        v[j] = elem_b(e + j);
+                    }
+                }
+            }
+            set_b(kq, c, v.x);
+            set_b(kq + 1u, c, v.y);
+            set_b(kq + 2u, c, v.z);
+            set_b(kq + 3u, c, v.w);
+        }
+    } else if B_MODE == 2u {
+        for (var i = 0u; i < 2u; i++) {
+            let g = lid + i * 256u;
+            let k = g / SLOTS;
+            let c = (g % SLOTS) * 4u;
+            let gk = kt + k;
+            let gc = col0 + c;
+            let e = b0 + gk * p.sb_k + gc;
+            var v = vec4<f32>(0.0);
+            if gk < p.k && gc + 4u <= p.n {
+                v = unpack4(src_b[quad_index(e)], e);
+            } else if gk < p.k {
+                for (var j = 0u; j < 4u; j++) {
+                    if gc + j < p.n {
+                        v[j] = elem_b(e + j);
+                    }
+                }
+            }
+            tile_b[g] = v;
+        }
+    } else {
+        for (var i = 0u; i < 8u; i++) {
+            let idx = lid + i * 256u;
+            var k: u32;
+            var c: u32;
+            if p.sb_k == 1u {
+                k = idx % TK;
+                c = idx / TK;
+            } else {
+                k = idx / TILE;
+                c = idx % TILE;
+            }
+            var v = 0.0;
+            if kt + k < p.k && col0 + c < p.n {
+                v = elem_b(b0 + (kt + k) * p.sb_k + (col0 + c) * p.sb_n);
+            }
+            set_b(k, c, v);
+        }
+    }
+}
+
+@compute @workgroup_size(16, 16)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid3: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let z = wid.z;
+    let a0 = p.off_a + strided_offset(z, p.batch_rank, p.batch_shape, p.batch_strides_a);
+    let b0 = p.off_b + strided_offset(z, p.batch_rank, p.batch_shape, p.batch_strides_b);
+    let row0 = wid.y * TILE;
+    let col0 = wid.x * TILE;
+    let tx = lid3.x;
+    let ty = lid3.y;
+    // acc<row><column half>: row i < 4 is ty*4 + i, row 4 + i is 64 + ty*4 + i
+    var c00 = vec4<f32>(0.0);
+    var c01 = vec4<f32>(0.0);
+    var c10 = vec4<f32>(0.0);
+    var c11 = vec4<f32>(0.0);
+    var c20 = vec4<f32>(0.0);
+    var c21 = vec4<f32>(0.0);
+    var c30 = vec4<f32>(0.0);
+    var c31 = vec4<f32>(0.0);
+    var c40 = vec4<f32>(0.0);
+    var c41 = vec4<f32>(0.0);
+    var c50 = vec4<f32>(0.0);
+    var c51 = vec4<f32>(0.0);
+    var c60 = vec4<f32>(0.0);
+    var c61 = vec4<f32>(0.0);
+    var c70 = vec4<f32>(0.0);
+    var c71 = vec4<f32>(0.0);
+    for (var kt = 0u; kt < p.k; kt += TK) {
+        load_a(a0, row0, kt, lid);
+        load_b(b0, col0, kt, lid);
+        workgroupBarrier();
+        for (var kk = 0u; kk < TK; kk++) {
+            let a_lo = tile_a[kk * SLOTS + ty];
+            let a_hi = tile_a[kk * SLOTS + 16u + ty];
+            let b_lo = tile_b[kk * SLOTS + tx];
+            let b_hi = tile_b[kk * SLOTS + 16u + tx];
+            c00 = fma(vec4<f32>(a_lo.x), b_lo, c00);
+            c01 = fma(vec4<f32>(a_lo.x), b_hi, c01);
+            c10 = fma(vec4<f32>(a_lo.y), b_lo, c10);
+            c11 = fma(vec4<f32>(a_lo.y), b_hi, c11);
+            c20 = fma(vec4<f32>(a_lo.z), b_lo, c20);
+            c21 = fma(vec4<f32>(a_lo.z), b_hi, c21);
+            c30 = fma(vec4<f32>(a_lo.w), b_lo, c30);
+            c31 = fma(vec4<f32>(a_lo.w), b_hi, c31);
+            c40 = fma(vec4<f32>(a_hi.x), b_lo, c40);
+            c41 = fma(vec4<f32>(a_hi.x), b_hi, c41);
+            c50 = fma(vec4<f32>(a_hi.y), b_lo, c50);
+            c51 = fma(vec4<f32>(a_hi.y), b_hi, c51);
+            c60 = fma(vec4<f32>(a_hi.z), b_lo, c60);
+            c61 = fma(vec4<f32>(a_hi.z), b_hi, c61);
+            c70 = fma(vec4<f32>(a_hi.w), b_lo, c70);
+            c71 = fma(vec4<f32>(a_hi.w), b_hi, c71);
+        }
+        workgroupBarrier();
+    }
+    let out0 = z * p.m * p.n;
+    let r = row0 + ty * 4u;
+    let c = col0 + tx * 4u;
+    store4(out0, r, c, c00);
+    store4(out0, r, c + 64u, c01);
+    store4(out0, r + 1u, c, c10);
+    store4(out0, r + 1u, c + 64u, c11);
+    store4(out0, r + 2u, c, c20);
+    store4(out0, r + 2u, c + 64u, c21);
+    store4(out0, r + 3u, c, c30);
+    store4(out0, r + 3u, c + 64u, c31);
+    store4(out0, r + 64u, c, c40);
+    store4(out0, r + 64u, c + 64u, c41);
+    store4(out0, r + 65u, c, c50);
+    store4(out0, r + 65u, c + 64u, c51);
+    store4(out0, r + 66u, c, c60);
+    store4(out0, r + 66u, c + 64u, c61);
+    store4(out0, r + 67u, c, c70);
+    store4(out0, r + 67u, c + 64u, c71);
+}

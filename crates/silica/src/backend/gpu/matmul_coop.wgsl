@@ -1,0 +1,285 @@
+// matmul_coop.wgsl — dst[z] = a[z] @ b[z] for f16 operands on cooperative
+// matrices (tensor cores on NVIDIA through Vulkan), f32 accumulation. A
+// workgroup of 8 subgroups of 32 computes a 128x128 tile of dst; subgroup s
+// owns rows (s / 4) * 64 .. +64 and columns (s % 4) * 32 .. +32, that is 4x2
+// fragments of 16x16. Per step of 32 along k, the workgroup stages a
+// (128x32, row-major) and b (32x128: n-major when b is a transposed weight,
+// else k-major) in workgroup memory as f16, then each subgroup loads its
+// fragments from there. Edges are zero-filled, so any M, N, K work. The
+// accumulators go out through a per-subgroup 16x16 f32 scratch, element
+// by element, so partial tiles and 16-bit outputs are written like the
+// other matmul kernels. Same Params as matmul.wgsl; operand loading modes as
+// in matmul_big.wgsl (A_VEC, B_MODE), with 8-half vec4 words.
+// The launcher picks it only on adapters whose subgroups are exactly 32
+// wide and that offer 16x16x16 f16 -> f32 cooperative matrices.
+
+struct Params {
+    m: u32,
+    n: u32,
+    k: u32,
+    batch_rank: u32,
+    off_a: u32,
+    off_b: u32,
+    sa_m: u32,
+    sa_k: u32,
+    sb_k: u32,
+    sb_n: u32,
+    _pad0: u32,
+    _pad1: u32,
+    batch_shape: array<vec4<u32>, 2>,
+    batch_strides_a: array<vec4<u32>, 2>,
+    batch_strides_b: array<vec4<u32>, 2>,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> src_a: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read> src_b: array<vec4<u32>>;
+@group(0) @binding(3) var<storage, read_write> dst: array<u32>;
+
+override OUT_DT: u32 = 0u;
+override A_VEC: bool = false;
+override B_MODE: u32 = 0u;
+
+const TILE: u32 = 128u;
+const TK: u32 = 32u;
+// Row pitch (in halves) of the [128][32] tiles, padded against bank conflicts.
+const LDK: u32 = 40u;
+// Row pitch of the k-major [32][128] b tile.
+const LDN: u32 = 136u;
+
+var<workgroup> tile_a: array<f16, 5120>; // [TILE][LDK]
+var<workgroup> tile_b: array<f16, 5120>; // [TILE][LDK] or [TK][LDN]
+var<workgroup> scratch: array<f32, 2048>; // [8 subgroups][16 * 16]
+
+fn elem_a(e: u32) -> f16 {
+    let w = e >> 1u;
+    return f16(decode(src_a[w >> 2u][w & 3u], e, 1u));
+}
+
+fn elem_b(e: u32) -> f16 {
+    let w = e >> 1u;
+    return f16(decode(src_b[w >> 2u][w & 3u], e, 1u));
+}
+
+// Writes the eight halves of vec4 word `q` to tile_a from index i on.
+fn put8_a(i: u32, q: vec4<u32>) {
+    let h0 = vec2<f16>(unpack2x16float(q.x));
+    let h1 = vec2<f16>(unpack2x16float(q.y));
+    let h2 = vec2<f16>(unpack2x16float(q.z));
+    let h3 = vec2<f16>(unpack2x16float(q.w));
+    tile_a[i] = h0.x;
+    tile_a[i + 1u] = h0.y;
+    tile_a[i + 2u] = h1.x;
+    tile_a[i + 3u] = h1.y;
+    tile_a[i + 4u] = h2.x;
+    tile_a[i + 5u] = h2.y;
+    tile_a[i + 6u] = h3.x;
+    tile_a[i + 7u] = h3.y;
+}
+
+fn put8_b(i: u32, q: vec4<u32>) {
+    let h0 = vec2<f16>(unpack2x16float(q.x));
+    let h1 = vec2<f16>(unpack2x16float(q.y));
+    let h2 = vec2<f16>(unpack2x16float(q.z));
+    let h3 = vec2<f16>(unpack2x16float(q.w));
+    tile_b[i] = h0.x;
+    tile_b[i + 1u] = h0.y;
+    tile_b[i + 2u] = h1.x;
+    tile_b[i + 3u] = h1.y;
+    tile_b[i + 4u] = h2.x;
+    tile_b[i + 5u] = h2.y;
+    tile_b[i + 6u] = h3.x;
+    tile_b[i + 7u] = h3.y;
+}
+
+fn load_a(a0: u32, row0: u32, kt: u32, lid: u32) {
+    if A_VEC {
+        for (var i = 0u; i < 2u; i++) {
+            let g = lid + i * 256u;
+            let r = g >> 2u;
+            let kq = (g & 3u) * 8u;
+            let gr = row0 + r;
+            let gk = kt + kq;
+            let e = a0 + gr * p.sa_m + gk;
+            let t = r * LDK + kq;
+            if gr < p.m && gk + 8u <= p.k {
+                put8_a(t, src_a[e >> 3u]);
+            } else {
+                for (var j = 0u; j < 8u; j++) {
+                    var v = f16(0.0);
+                    if gr < p.m && gk + j < p.k {
+                        v = elem_a(e + j);
+                    }
+                    tile_a[t + j] = v;
+                }
+            }
+        }
+    } else {
+        for (var i = 0u; i < 16u; i++) {
+            let idx = lid + i * 256u;
+            let r = idx / TK;
+            let k = idx % TK;
+            var v = f16(0.0);
+            if row0 + r < p.m && kt + k < p.k {
+                v = elem_a(a0 + (row0 + r) * p.sa_m + (kt + k) * p.sa_k);
+            }
+            tile_a[r * LDK + k] = v;
+        }
+    }
+}
+
+fn load_b(b0: u32, col0: u32, kt: u32, lid: u32) {
+    if B_MODE == 1u {
+        // n-major [TILE][LDK]: each column's k run is contiguous
+        for (var i = 0u; i < 2u; i++) {
+            let g = lid + i * 256u;
+            let c = g >> 2u;
+            let kq = (g & 3u) * 8u;
+            let gc = col0 + c;
+            let gk = kt + kq;
+            let e = b0 + gc * p.sb_n + gk;
+            let t = c * LDK + kq;
+            if gc < p.n && gk + 8u <= p.k {
+                put8_b(t, src_b[e >> 3u]);
+            } else {
+                for (var j = 0u; j < 8u; j++) {
+                    var v = f16(0.0);
+                    if gc < p.n && gk + j < p.k {
+                        v = elem_b(e + j);
+                    }
+                    tile_b[t + j] = v;
+                }
+            }
+        }
+    } else if B_MODE == 2u {
+        // k-major [TK][LDN]
+        for (var i = 0u; i < 2u; i++) {
+            let g = lid + i * 256u;
+            let k = g / 16u;
+            let cq = (g % 16u) * 8u;
+            let gk = kt + k;
+            let gc = col0 + cq;
+            let e = b0 + gk * p.sb_k + gc;
+            let t = k * LDN + cq;
+            if gk < p.k && gc + 8u <= p.n {
+                put8_b(t, src_b[e >> 3u]);
+            } else {
+                for (var j = 0u; j < 8u; j++) {
+                    var v = f16(0.0);
+                    if gk < p.k && gc + j < p.n {
+                        v = elem_b(e + j);
+                    }
+                    tile_b[t + j] = v;
+                }
+            }
+        }
+    } else {
+        // any strides, k-major [TK][LDN]
+        for (var i = 0u; i < 16u; i++) {
+            let idx = lid + i * 256u;
+            let k = idx / TILE;
+            let c = idx % TILE;
+            var v = f16(0.0);
+            if kt + k < p.k && col0 + c < p.n {
+                v = elem_b(b0 + (kt + k) * p.sb_k + (col0 + c) * p.sb_n);
+            }
+            tile_b[k * LDN + c] = v;
+        }
+    }
+}
+
+fn load_frag_b(c: u32, ks: u32) -> coop_mat16x16<f16, B> {
+    if B_MODE == 1u {
+        // column-major: element (k, n) at n * LDK + k
+        let at = c * LDK + ks;
+        return coopLoad<coop_mat16x16<f16, B>>(&tile_b[at], LDK);
+    }
+    let at = ks * LDN + c;
+    return coopLoadT<coop_mat16x16<f16, B>>(&tile_b[at], LDN);
+}
+
+fn load_frag_a(r: u32, ks: u32) -> coop_mat16x16<f16, A> {
+    let at = r * LDK + ks;
+    return coopLoadT<coop_mat16x16<f16, A>>(&tile_a[at], LDK);
+}
+
+// Writes fragment `acc` (rows r0.., columns c0.. of this batch's dst) through
+// the subgroup's scratch; every thread of the workgroup calls it.
+fn store_frag(acc: coop_mat16x16<f32, C>, sg: u32, lane: u32, out0: u32, r0: u32, c0: u32) {
+    let at = sg * 256u;
+    coopStoreT(acc, &scratch[at], 16u);
+    workgroupBarrier();
+    for (var t = 0u; t < 8u; t += 2u) {
+        let i = lane * 8u + t;
+        let r = r0 + i / 16u;
+        let c = c0 + i % 16u;
+        if r < p.m && c < p.n {
+            let e = out0 + r * p.n + c;
+            let v0 = scratch[at + i];
+            let v1 = scratch[at + i + 1u];
+            if OUT_DT == 1u {
+                dst[e >> 1u] = encode_pair(v0, v1, 1u);
+            } else {
+                dst[e] = bitcast<u32>(v0);
+                if c + 1u < p.n {
+                    dst[e + 1u] = bitcast<u32>(v1);
+                }
+            }
+        }
+    }
+    workgroupBarrier();
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let z = wid.z;
+    let a0 = p.off_a + strided_offset(z, p.batch_rank, p.batch_shape, p.batch_strides_a);
+    let b0 = p.off_b + strided_offset(z, p.batch_rank, p.batch_shape, p.batch_strides_b);
+    let row0 = wid.y * TILE;
+    let col0 = wid.x * TILE;
+    let sg = lid / 32u;
+    let lane = lid % 32u;
+    let wr = (sg / 4u) * 64u;
+    let wc = (sg % 4u) * 32u;
+    var c00 = coop_mat16x16<f32, C>();
+    var c01 = coop_mat16x16<f32, C>();
+    var c10 = coop_mat16x16<f32, C>();
+    var c11 = coop_mat16x16<f32, C>();
+    var c20 = coop_mat16x16<f32, C>();
+    var c21 = coop_mat16x16<f32, C>();
+    var c30 = coop_mat16x16<f32, C>();
+    var c31 = coop_mat16x16<f32, C>();
+    for (var kt = 0u; kt < p.k; kt += TK) {
+        load_a(a0, row0, kt, lid);
+        load_b(b0, col0, kt, lid);
+        workgroupBarrier();
+        for (var ks = 0u; ks < TK; ks += 16u) {
+            let b0f = load_frag_b(wc, ks);
+            let b1f = load_frag_b(wc + 16u, ks);
+            let a0f = load_frag_a(wr, ks);
+            c00 = coopMultiplyAdd(a0f, b0f, c00);
+            c01 = coopMultiplyAdd(a0f, b1f, c01);
+            let a1f = load_frag_a(wr + 16u, ks);
+            c10 = coopMultiplyAdd(a1f, b0f, c10);
+            c11 = coopMultiplyAdd(a1f, b1f, c11);
+            let a2f = load_frag_a(wr + 32u, ks);
+            c20 = coopMultiplyAdd(a2f, b0f, c20);
+            c21 = coopMultiplyAdd(a2f, b1f, c21);
+            let a3f = load_frag_a(wr + 48u, ks);
+            c30 = coopMultiplyAdd(a3f, b0f, c30);
+            c31 = coopMultiplyAdd(a3f, b1f, c31);
+        }
+        workgroupBarrier();
+    }
+    let out0 = z * p.m * p.n;
+    let r = row0 + wr;
+    let c = col0 + wc;
+    store_frag(c00, sg, lane, out0, r, c);
+    store_frag(c01, sg, lane, out0, r, c + 16u);
+    store_frag(c10, sg, lane, out0, r + 16u, c);
+    store_frag(c11, sg, lane, out0, r + 16u, c + 16u);
+    store_frag(c20, sg, lane, out0, r + 32u, c);
+    store_frag(c21, sg, lane, out0, r + 32u, c + 16u);
+    store_frag(c30, sg, lane, out0, r + 48u, c);
+    store_frag(c31, sg, lane, out0, r + 48u, c + 16u);
+}
