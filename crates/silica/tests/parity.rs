@@ -310,8 +310,11 @@ fn matmul_cases(cases: &mut Vec<Case>) {
 /// are multiples of 8 elements, a transposed weight, a row-major b) and its
 /// element-wise ones (offsets, transposed a).
 fn forced_matmul_cases(cases: &mut Vec<Case>) {
-    let shapes: [(&[usize], &[usize]); 6] = [
+    let shapes: [(&[usize], &[usize]); 8] = [
         (&[129, 64], &[64, 136]),
+        // long rows: the GEMV kernel with 64 and 128 threads per column
+        (&[3, 4100], &[4100, 6]),
+        (&[2, 4104], &[4104, 6]),
         (&[2, 3, 72], &[72, 10]),
         (&[130, 72], &[72, 131]),
         (&[2, 70, 40], &[2, 40, 136]),

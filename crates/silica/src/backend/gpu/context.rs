@@ -21,6 +21,11 @@ pub(crate) struct Kernel {
     /// Number of read-only storage inputs (bindings 1..=inputs); the output
     /// is the read-write binding after them, the uniform params binding 0.
     pub inputs: usize,
+    /// Built without wgpu's runtime bounds checks and loop bounding: only
+    /// for kernels whose every memory access is guarded by the launcher's
+    /// own size checks (each index below the sizes it was given, the views
+    /// inside their buffers) and whose loops all end.
+    pub trusted: bool,
 }
 
 type PipelineKey = (&'static str, Vec<(&'static str, u64)>);
@@ -458,11 +463,23 @@ impl Context {
         let module = lock(&self.modules)
             .entry(kernel.name)
             .or_insert_with(|| {
-                self.device
-                    .create_shader_module(wgpu::ShaderModuleDescriptor {
-                        label: Some(kernel.name),
-                        source: wgpu::ShaderSource::Wgsl(kernel.source.into()),
-                    })
+                let desc = wgpu::ShaderModuleDescriptor {
+                    label: Some(kernel.name),
+                    source: wgpu::ShaderSource::Wgsl(kernel.source.into()),
+                };
+                if kernel.trusted {
+                    // SAFETY: `trusted` kernels guard every access themselves
+                    // (see Kernel::trusted); the parity suite runs each on
+                    // edge shapes and strided views.
+                    unsafe {
+                        self.device.create_shader_module_trusted(
+                            desc,
+                            wgpu::ShaderRuntimeChecks::unchecked(),
+                        )
+                    }
+                } else {
+                    self.device.create_shader_module(desc)
+                }
             })
             .clone();
         let (_, layout) = self.layout(kernel.inputs);

@@ -14,6 +14,7 @@ pub(crate) static COPY: Kernel = Kernel {
         include_str!("copy.wgsl")
     ),
     inputs: 1,
+    trusted: false,
 };
 pub(crate) static CAT: Kernel = Kernel {
     name: "cat",
@@ -23,6 +24,7 @@ pub(crate) static CAT: Kernel = Kernel {
         include_str!("cat.wgsl")
     ),
     inputs: 1,
+    trusted: false,
 };
 pub(crate) static INDEX_SELECT: Kernel = Kernel {
     name: "index_select",
@@ -32,6 +34,7 @@ pub(crate) static INDEX_SELECT: Kernel = Kernel {
         include_str!("index_select.wgsl")
     ),
     inputs: 2,
+    trusted: false,
 };
 
 fn elem_bytes(d: DType) -> f64 {

@@ -14,6 +14,7 @@ pub(crate) static UNARY: Kernel = Kernel {
         include_str!("unary.wgsl")
     ),
     inputs: 1,
+    trusted: false,
 };
 pub(crate) static BINARY: Kernel = Kernel {
     name: "binary",
@@ -23,11 +24,13 @@ pub(crate) static BINARY: Kernel = Kernel {
         include_str!("binary.wgsl")
     ),
     inputs: 2,
+    trusted: false,
 };
 pub(crate) static WHERE: Kernel = Kernel {
     name: "where",
     source: concat!(include_str!("common.wgsl"), include_str!("where.wgsl")),
     inputs: 3,
+    trusted: false,
 };
 
 /// `OP` of the unary kernel for a dtype conversion.

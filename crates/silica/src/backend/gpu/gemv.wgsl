@@ -1,7 +1,7 @@
 // gemv.wgsl — matmul for few rows of a (M <= 8: decode steps). A group of
-// 32 threads computes one column of dst for all rows, striding along K, so
+// LANES threads computes one column of dst for all rows, striding along K, so
 // that a weight stored row-major as [N, K] and used transposed (b = w.t(),
-// the usual x @ wᵀ) is read contiguously; 8 columns per workgroup. The
+// the usual x @ wᵀ) is read contiguously; 256 / LANES columns per workgroup. The
 // same Params as matmul.wgsl; a and b are bound as arrays of vec4 words.
 // VEC (both operands contiguous along k, every row start a multiple of
 // CH elements): each lane reads whole vec4 words, CH = 4 f32 or 8 halves,
@@ -37,7 +37,10 @@ override OUT_DT: u32 = 0u;
 override M: u32 = 1u;
 override VEC: bool = false;
 
-const LANES: u32 = 32u;
+// Threads per column: more for long rows of few columns, so that enough
+// loads are in flight (32, 64 or 128: a workgroup holds an even number of
+// columns, which 16-bit outputs need).
+override LANES: u32 = 32u;
 const MAX_M: u32 = 8u;
 
 var<workgroup> partial: array<f32, 2048>; // [MAX_M][256]

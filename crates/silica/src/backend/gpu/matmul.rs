@@ -9,12 +9,14 @@ pub(crate) static MATMUL: Kernel = Kernel {
     name: "matmul",
     source: concat!(include_str!("common.wgsl"), include_str!("matmul.wgsl")),
     inputs: 2,
+    trusted: false,
 };
 
 pub(crate) static MATMUL_BIG: Kernel = Kernel {
     name: "matmul_big",
     source: concat!(include_str!("common.wgsl"), include_str!("matmul_big.wgsl")),
     inputs: 2,
+    trusted: true,
 };
 
 pub(crate) static MATMUL_COOP: Kernel = Kernel {
@@ -25,18 +27,29 @@ pub(crate) static MATMUL_COOP: Kernel = Kernel {
         include_str!("matmul_coop.wgsl")
     ),
     inputs: 2,
+    trusted: true,
 };
 
 pub(crate) static GEMV: Kernel = Kernel {
     name: "gemv",
     source: concat!(include_str!("common.wgsl"), include_str!("gemv.wgsl")),
     inputs: 2,
+    trusted: true,
 };
 
 /// Rows of `a` up to which the GEMV kernel is used.
 const GEMV_MAX_M: usize = 8;
-/// Output columns per GEMV workgroup.
-const GEMV_COLS: usize = 8;
+/// Threads per output column of the GEMV kernel: 32, or 64 and 128 when
+/// the columns are too few to keep about half a million threads busy and
+/// each row long enough that every thread still reads 8 vec4 words.
+fn gemv_lanes(n: usize, k: usize, dt: DType) -> usize {
+    let words = k / if dt == DType::F32 { 4 } else { 8 };
+    let mut lanes = 32;
+    while lanes < 128 && n * lanes < 1 << 19 && words >= lanes * 16 {
+        lanes *= 2;
+    }
+    lanes
+}
 /// Workgroups of 128x128 from which the large tile is used (fewer would
 /// leave a large GPU's cores idle: the 64x64 kernel makes four times more).
 const BIG_MIN_GROUPS: usize = 256;
@@ -103,6 +116,7 @@ pub(crate) fn matmul(
     // elements per vec4 word of the vector paths
     let word = if dt == DType::F32 { 4 } else { 8 };
     let acc = access(a.layout(), b.layout(), &batch, word);
+    let lanes = gemv_lanes(n, k, dt);
     let big_groups = m.div_ceil(128) * n.div_ceil(128) * batches;
     let forced = *ctx.forced_matmul.lock().unwrap_or_else(|e| e.into_inner());
     let coop = dt == DType::F16 && ctx.coop16();
@@ -120,12 +134,12 @@ pub(crate) fn matmul(
             _ => 128,
         };
         if kernel.name == "gemv" {
-            (kernel, [n.div_ceil(GEMV_COLS), 1, batches])
+            (kernel, [n.div_ceil(256 / lanes), 1, batches])
         } else {
             (kernel, [n.div_ceil(tile), m.div_ceil(tile), batches])
         }
     } else if m <= GEMV_MAX_M {
-        (&GEMV, [n.div_ceil(GEMV_COLS), 1, batches])
+        (&GEMV, [n.div_ceil(256 / lanes), 1, batches])
     } else if coop && m >= 64 && n >= 64 {
         (&MATMUL_COOP, [n.div_ceil(128), m.div_ceil(128), batches])
     } else if big_groups >= BIG_MIN_GROUPS {
@@ -163,7 +177,7 @@ pub(crate) fn matmul(
     via_f32(ctx, out_shape, out, out_dtype, |dst, dt| {
         ctx.dispatch(
             kernel,
-            &constants(kernel, a.dtype(), dt, m, &acc),
+            &constants(kernel, a.dtype(), dt, m, &acc, lanes),
             &bytes,
             &[buffer(a), buffer(b)],
             dst.raw(),
@@ -180,6 +194,7 @@ fn constants(
     out: DType,
     m: usize,
     acc: &Access,
+    lanes: usize,
 ) -> Vec<(&'static str, f64)> {
     let mut c = vec![("OUT_DT", out.gpu_code() as f64)];
     if !std::ptr::eq(kernel, &MATMUL_COOP) {
@@ -189,6 +204,7 @@ fn constants(
         c.push(("M", m as f64));
         let vec = acc.a_vec && acc.b_mode == 1;
         c.push(("VEC", vec as u8 as f64));
+        c.push(("LANES", lanes as f64));
     }
     if std::ptr::eq(kernel, &MATMUL_BIG) || std::ptr::eq(kernel, &MATMUL_COOP) {
         c.push(("A_VEC", acc.a_vec as u8 as f64));
@@ -220,8 +236,16 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
             }
             for m in 1..=GEMV_MAX_M {
                 for vec in [0.0, 1.0] {
-                    let v = vec![("IN_DT", dt), ("OUT_DT", o), ("M", m as f64), ("VEC", vec)];
-                    out.push((&GEMV, v));
+                    for lanes in [32.0, 64.0, 128.0] {
+                        let v = vec![
+                            ("IN_DT", dt),
+                            ("OUT_DT", o),
+                            ("M", m as f64),
+                            ("VEC", vec),
+                            ("LANES", lanes),
+                        ];
+                        out.push((&GEMV, v));
+                    }
                 }
             }
         }

@@ -16,6 +16,7 @@ pub(crate) static NORM: Kernel = Kernel {
         include_str!("norm.wgsl")
     ),
     inputs: 3,
+    trusted: false,
 };
 pub(crate) static ROPE: Kernel = Kernel {
     name: "rope",
@@ -25,11 +26,13 @@ pub(crate) static ROPE: Kernel = Kernel {
         include_str!("rope.wgsl")
     ),
     inputs: 3,
+    trusted: false,
 };
 pub(crate) static ATTENTION: Kernel = Kernel {
     name: "attention",
     source: concat!(include_str!("common.wgsl"), include_str!("attention.wgsl")),
     inputs: 4,
+    trusted: false,
 };
 
 fn code(d: DType) -> f64 {

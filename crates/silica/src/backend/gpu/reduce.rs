@@ -10,6 +10,7 @@ pub(crate) static REDUCE: Kernel = Kernel {
     name: "reduce",
     source: concat!(include_str!("common.wgsl"), include_str!("reduce.wgsl")),
     inputs: 1,
+    trusted: false,
 };
 pub(crate) static SOFTMAX: Kernel = Kernel {
     name: "softmax",
@@ -19,6 +20,7 @@ pub(crate) static SOFTMAX: Kernel = Kernel {
         include_str!("softmax.wgsl")
     ),
     inputs: 1,
+    trusted: false,
 };
 
 /// Rows of the last dimension of `x`: the row count, the header `[rows,
