@@ -60,6 +60,9 @@ enum Kind {
     Transposed,
     Offset,
     Broadcast,
+    /// Stored with the two dimensions before the last swapped: a
+    /// `[B, H, T, D]` tensor seen as `[B, T, H, D]` (attention inputs).
+    Permuted,
 }
 
 const KINDS: [Kind; 4] = [
@@ -100,6 +103,11 @@ fn input(kind: Kind, shape: &[usize], dtype: DType, seed: u64, dev: &Device) -> 
                 t = t.narrow(d as isize, 1, n)?;
             }
             Ok(t)
+        }
+        Kind::Permuted if r >= 3 => {
+            let mut s = shape.to_vec();
+            s.swap(r - 3, r - 2);
+            base(&s)?.transpose(-3, -2)
         }
         Kind::Broadcast if r >= 1 => {
             let mut s = shape.to_vec();
@@ -496,7 +504,10 @@ fn nn_cases(cases: &mut Vec<Case>) {
         }
         // (batch, tq, tk, heads, kv heads, head size, causal, mask)
         type Shape = (usize, usize, usize, usize, usize, usize, bool, bool);
-        let shapes: [Shape; 9] = [
+        // up to 4 queries: split-K decoding (keys in chunks of 256); more:
+        // the flash kernel (blocks of 32 queries, key tiles of 16 or 32);
+        // head sizes over 128: the row kernel
+        let shapes: [Shape; 19] = [
             (0, 1, 1, 1, 1, 2, false, false),
             (0, 7, 7, 4, 2, 8, true, false),
             (0, 1, 130, 9, 3, 64, true, false),
@@ -506,9 +517,25 @@ fn nn_cases(cases: &mut Vec<Case>) {
             (2, 65, 65, 2, 1, 16, true, true),
             (1, 2, 9, 6, 2, 128, true, false),
             (3, 1, 1, 2, 2, 4, false, true),
+            (1, 5, 5, 2, 2, 128, true, false),
+            (1, 37, 37, 4, 2, 64, true, false),
+            (2, 40, 75, 2, 2, 128, true, true),
+            (1, 33, 50, 3, 1, 80, false, true),
+            (0, 20, 20, 2, 2, 6, true, false),
+            (1, 1, 1, 4, 4, 128, true, false),
+            (1, 1, 4099, 4, 2, 128, true, true),
+            (2, 3, 600, 4, 4, 64, true, false),
+            (0, 4, 513, 8, 2, 80, false, true),
+            (2, 4, 4, 2, 1, 96, true, true),
         ];
         for (b, tq, tk, h, kvh, hd, causal, masked) in shapes {
-            for kind in [Kind::Contiguous, Kind::Transposed, Kind::Offset] {
+            let kinds = [
+                Kind::Contiguous,
+                Kind::Transposed,
+                Kind::Offset,
+                Kind::Permuted,
+            ];
+            for kind in kinds {
                 let name = format!(
                     "attention {dtype} {kind:?} b{b} tq{tq} tk{tk} h{h}/{kvh} d{hd} causal {causal} mask {masked}"
                 );
@@ -523,12 +550,14 @@ fn nn_cases(cases: &mut Vec<Case>) {
                     let q = input(kind, &lead(tq, h), dtype, 15, d)?;
                     let k = input(kind, &lead(tk, kvh), dtype, 16, d)?;
                     let v = input(Kind::Offset, &lead(tk, kvh), dtype, 17, d)?;
-                    // a padding mask: the last key of every other batch row hidden
+                    // a padding mask: the first and the last key of every
+                    // other batch row hidden (so that with a causal mask the
+                    // first query of those rows sees no key: NaN)
                     let mask = if masked {
                         let bb = b.max(1);
                         let m: Vec<f32> = (0..bb * tk)
                             .map(|i| {
-                                if i % tk == tk - 1 && (i / tk) % 2 == 1 {
+                                if (i % tk == tk - 1 || i % tk == 0) && (i / tk) % 2 == 1 {
                                     f32::NEG_INFINITY
                                 } else {
                                     0.0
@@ -584,7 +613,11 @@ fn compare(c: &Case, want: &Tensor, got: &Tensor) -> std::result::Result<(), Str
 #[test]
 fn every_op_matches_the_cpu_on_every_gpu() {
     let devices = common::gpu_devices();
-    let cases = all_cases();
+    let mut cases = all_cases();
+    // SILICA_PARITY_FILTER=attention: only the cases whose name contains it
+    if let Ok(f) = std::env::var("SILICA_PARITY_FILTER") {
+        cases.retain(|c| c.name.contains(f.as_str()));
+    }
     // the CPU side of every case must run (and is the reference)
     let reference: Vec<Tensor> = cases
         .iter()

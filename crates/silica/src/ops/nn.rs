@@ -130,8 +130,9 @@ impl Tensor {
         run(op, &[self, &cos, &sin], self.shape().to_vec(), self.dtype())
     }
 
-    /// Scaled dot-product attention, `softmax(q kᵀ · scale + mask) v`, in one
-    /// kernel with an online softmax (no `[Tq, Tk]` score matrix is stored).
+    /// Scaled dot-product attention, `softmax(q kᵀ · scale + mask) v`, with
+    /// an online softmax (no `[Tq, Tk]` score matrix is stored): one kernel,
+    /// or on a GPU for up to 4 queries two (chunks of keys, then their merge).
     ///
     /// - `self` (the queries) is `[B, Tq, H, D]` or `[Tq, H, D]`;
     /// - `k` and `v` are `[B, Tk, KVH, D]` or `[Tk, KVH, D]`, where KVH

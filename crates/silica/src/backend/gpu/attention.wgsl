@@ -4,60 +4,18 @@
 // matrix is stored. Per chunk: thread t scores key j0 + t, the workgroup
 // reduces the chunk's maximum and sum, then each thread accumulates the
 // weighted values of its own dimensions (2t, 2t+1, 2t+128, 2t+129).
-// q, k, v, mask are rank-4 strided views: q [B, Tq, H, D], k and v
-// [B, Tk, KVH, D], mask [B, H, Tq, Tk]. The output is contiguous
-// [B, Tq, H, D]; D is even and at most 256, so 16-bit outputs are written
-// as whole words by the thread that owns both elements.
+// The fallback for head sizes over 128 (attention_io.wgsl has the views).
+// The output is contiguous [B, Tq, H, D]; D is even and at most 256, so
+// 16-bit outputs are written as whole words by the thread that owns both
+// elements.
 
-struct Params {
-    batch: u32,
-    tq: u32,
-    tk: u32,
-    heads: u32,
-    kv_heads: u32,
-    d: u32,
-    scale: f32,
-    causal: u32,
-    off_q: u32,
-    off_k: u32,
-    off_v: u32,
-    off_m: u32,
-    sq: vec4<u32>,
-    sk: vec4<u32>,
-    sv: vec4<u32>,
-    sm: vec4<u32>,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> src_q: array<u32>;
-@group(0) @binding(2) var<storage, read> src_k: array<u32>;
-@group(0) @binding(3) var<storage, read> src_v: array<u32>;
-@group(0) @binding(4) var<storage, read> src_m: array<u32>;
-@group(0) @binding(5) var<storage, read_write> dst: array<u32>;
-
-override DT: u32 = 0u;
 override OUT_DT: u32 = 0u;
-override HAS_MASK: bool = false;
 
 const T: u32 = 64u;
-const NEG_INF: f32 = -3.4028235e38;
 
 var<workgroup> qs: array<f32, 256>;
 var<workgroup> ps: array<f32, 64>;
 var<workgroup> red: array<f32, 64>;
-
-fn ld_q(e: u32) -> f32 {
-    return decode(src_q[word_index(e, DT)], e, DT);
-}
-fn ld_k(e: u32) -> f32 {
-    return decode(src_k[word_index(e, DT)], e, DT);
-}
-fn ld_v(e: u32) -> f32 {
-    return decode(src_v[word_index(e, DT)], e, DT);
-}
-fn ld_m(e: u32) -> f32 {
-    return decode(src_m[word_index(e, DT)], e, DT);
-}
 
 fn reduce_max(v: f32, lid: u32) -> f32 {
     red[lid] = v;
@@ -102,7 +60,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let kvh = h / (p.heads / p.kv_heads);
     let q0 = p.off_q + b * p.sq.x + i * p.sq.y + h * p.sq.z;
     for (var c = lid; c < p.d; c += T) {
-        qs[c] = ld_q(q0 + c * p.sq.w) * p.scale;
+        qs[c] = elem(Q, q0 + c * p.sq.w) * p.scale;
     }
     workgroupBarrier();
     var visible = p.tk;
@@ -122,11 +80,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             let kr = k0 + j * p.sk.y;
             var dot = 0.0;
             for (var c = 0u; c < p.d; c++) {
-                dot = fma(qs[c], ld_k(kr + c * p.sk.w), dot);
+                dot = fma(qs[c], elem(K, kr + c * p.sk.w), dot);
             }
             s = dot;
             if HAS_MASK {
-                s += ld_m(m0 + j * p.sm.w);
+                s += elem(MASK, m0 + j * p.sm.w);
             }
             // -inf (a hidden key) is kept as the lowest finite value so that
             // differences below stay finite
@@ -147,12 +105,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             let w = ps[t];
             let vr = v0 + (j0 + t) * p.sv.y;
             if c0 < p.d {
-                acc.x = fma(w, ld_v(vr + c0 * p.sv.w), acc.x);
-                acc.y = fma(w, ld_v(vr + (c0 + 1u) * p.sv.w), acc.y);
+                acc.x = fma(w, elem(V, vr + c0 * p.sv.w), acc.x);
+                acc.y = fma(w, elem(V, vr + (c0 + 1u) * p.sv.w), acc.y);
             }
             if c0 + 128u < p.d {
-                acc.z = fma(w, ld_v(vr + (c0 + 128u) * p.sv.w), acc.z);
-                acc.w = fma(w, ld_v(vr + (c0 + 129u) * p.sv.w), acc.w);
+                acc.z = fma(w, elem(V, vr + (c0 + 128u) * p.sv.w), acc.z);
+                acc.w = fma(w, elem(V, vr + (c0 + 129u) * p.sv.w), acc.w);
             }
         }
         m = m_new;

@@ -28,12 +28,69 @@ pub(crate) static ROPE: Kernel = Kernel {
     inputs: 3,
     trusted: false,
 };
+/// Attention, one query row per workgroup: the fallback for head sizes
+/// over [`TILED_MAX_D`] and for devices with little workgroup memory.
 pub(crate) static ATTENTION: Kernel = Kernel {
     name: "attention",
-    source: concat!(include_str!("common.wgsl"), include_str!("attention.wgsl")),
+    source: concat!(
+        include_str!("common.wgsl"),
+        include_str!("attention_io.wgsl"),
+        include_str!("attention.wgsl")
+    ),
     inputs: 4,
     trusted: false,
 };
+/// Flash attention (many queries) with key tiles of 32: 48 KiB of
+/// workgroup memory.
+pub(crate) static FLASH_ATTENTION_32: Kernel = Kernel {
+    name: "flash_attention_32",
+    source: concat!(
+        include_str!("common.wgsl"),
+        include_str!("attention_io.wgsl"),
+        "const BK: u32 = 32u;\n",
+        include_str!("flash_attention.wgsl")
+    ),
+    inputs: 4,
+};
+/// Flash attention with key tiles of 16: 32 KiB of workgroup memory.
+pub(crate) static FLASH_ATTENTION_16: Kernel = Kernel {
+    name: "flash_attention_16",
+    source: concat!(
+        include_str!("common.wgsl"),
+        include_str!("attention_io.wgsl"),
+        "const BK: u32 = 16u;\n",
+        include_str!("flash_attention.wgsl")
+    ),
+    inputs: 4,
+};
+/// Split-K attention for few queries: partial results per chunk of keys.
+pub(crate) static DECODE_ATTENTION: Kernel = Kernel {
+    name: "decode_attention",
+    source: concat!(
+        include_str!("common.wgsl"),
+        include_str!("attention_io.wgsl"),
+        include_str!("decode_attention.wgsl")
+    ),
+    inputs: 4,
+};
+/// Merges the chunks of [`DECODE_ATTENTION`].
+pub(crate) static ATTENTION_COMBINE: Kernel = Kernel {
+    name: "attention_combine",
+    source: concat!(
+        include_str!("common.wgsl"),
+        include_str!("attention_combine.wgsl")
+    ),
+    inputs: 1,
+};
+
+/// Largest head size of the tiled (flash and decode) kernels.
+const TILED_MAX_D: usize = 128;
+/// Queries up to which attention is split over the keys (decode steps).
+const DECODE_MAX_TQ: usize = 4;
+/// Keys per workgroup of the split-K decode kernel.
+const DECODE_CHUNK: usize = 256;
+/// Queries per workgroup of the flash kernel.
+const FLASH_BQ: usize = 32;
 
 fn code(d: DType) -> f64 {
     d.gpu_code() as f64
@@ -125,6 +182,18 @@ fn view4(l: &Layout) -> Result<(u32, [u32; 4])> {
     Ok((to_u32(l.offset(), "offset")?, s))
 }
 
+/// Whether a chunk of four elements of a row of `l` can be loaded as whole
+/// words: a unit last stride and, for 16-bit dtypes, even element offsets.
+fn word_rows(l: &Layout, dtype: DType) -> bool {
+    let s = l.strides();
+    s[3] == 1
+        && (dtype.size_in_bytes() != 2
+            || (l.offset().is_multiple_of(2) && s[..3].iter().all(|x| x.is_multiple_of(2))))
+}
+
+/// Attention on the GPU: split-K decoding for up to [`DECODE_MAX_TQ`]
+/// queries, the flash kernel for more, the row kernel for head sizes over
+/// [`TILED_MAX_D`] or too little workgroup memory.
 pub(crate) fn attention(
     ctx: &Context,
     inputs: &[&Tensor],
@@ -144,6 +213,16 @@ pub(crate) fn attention(
         Some(m) => view4(m.layout())?,
         None => (0, [0; 4]),
     };
+    let dt = q.dtype();
+    let fast = [q, k, v]
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (word_rows(t.layout(), dt) as u32) << i)
+        .sum::<u32>();
+    let rows = b * tq * h;
+    let chunks = tk.div_ceil(DECODE_CHUNK).max(1);
+    // partial result of a chunk: m, l, two unused words, the head
+    let record = 4 + d.next_multiple_of(4);
     let mut words = vec![
         to_u32(b, "batch")?,
         to_u32(tq, "query count")?,
@@ -161,18 +240,64 @@ pub(crate) fn attention(
     for s in [sq, sk, sv, sm] {
         words.extend_from_slice(&s);
     }
-    let rows = b * tq * h;
+    words.extend_from_slice(&[
+        fast,
+        DECODE_CHUNK as u32,
+        to_u32(chunks, "chunk count")?,
+        record as u32,
+    ]);
+    let bytes: &[u8] = bytemuck::cast_slice(&words);
+    let srcs = [buffer(q), buffer(k), buffer(v), buffer(mask.unwrap_or(q))];
+    let has_mask = if mask.is_some() { 1.0 } else { 0.0 };
+    let wg_memory = ctx.device.limits().max_compute_workgroup_storage_size;
+    let kernel = if d > TILED_MAX_D || wg_memory < 32 * 1024 {
+        &ATTENTION
+    } else if tq <= DECODE_MAX_TQ {
+        let groups = to_u32(rows * chunks, "workgroup count")?;
+        let scratch = ctx.pool.alloc((rows * chunks * record * 4) as u64)?;
+        ctx.dispatch(
+            &DECODE_ATTENTION,
+            &[("DT", code(dt)), ("HAS_MASK", has_mask)],
+            bytes,
+            &srcs,
+            scratch.raw(),
+            ctx.grid(groups),
+        )?;
+        let header = [
+            to_u32(rows, "row count")?,
+            d as u32,
+            chunks as u32,
+            record as u32,
+        ];
+        return ctx.dispatch(
+            &ATTENTION_COMBINE,
+            &[("OUT_DT", code(out_dtype))],
+            bytemuck::cast_slice(&header),
+            &[scratch.raw()],
+            out.raw(),
+            ctx.grid(header[0]),
+        );
+    } else if wg_memory >= 48 * 1024 {
+        &FLASH_ATTENTION_32
+    } else {
+        &FLASH_ATTENTION_16
+    };
+    let groups = if std::ptr::eq(kernel, &ATTENTION) {
+        rows
+    } else {
+        b * h * tq.div_ceil(FLASH_BQ)
+    };
     ctx.dispatch(
-        &ATTENTION,
+        kernel,
         &[
-            ("DT", code(q.dtype())),
+            ("DT", code(dt)),
             ("OUT_DT", code(out_dtype)),
-            ("HAS_MASK", if mask.is_some() { 1.0 } else { 0.0 }),
+            ("HAS_MASK", has_mask),
         ],
-        bytemuck::cast_slice(&words),
-        &[buffer(q), buffer(k), buffer(v), buffer(mask.unwrap_or(q))],
+        bytes,
+        &srcs,
         out.raw(),
-        ctx.grid(to_u32(rows, "row count")?),
+        ctx.grid(to_u32(groups, "workgroup count")?),
     )
 }
 
@@ -192,11 +317,12 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
             ));
         }
         for mask in [0.0, 1.0] {
-            out.push((
-                &ATTENTION,
-                vec![("DT", dt), ("OUT_DT", dt), ("HAS_MASK", mask)],
-            ));
+            for kernel in [&ATTENTION, &FLASH_ATTENTION_32, &FLASH_ATTENTION_16] {
+                out.push((kernel, vec![("DT", dt), ("OUT_DT", dt), ("HAS_MASK", mask)]));
+            }
+            out.push((&DECODE_ATTENTION, vec![("DT", dt), ("HAS_MASK", mask)]));
         }
+        out.push((&ATTENTION_COMBINE, vec![("OUT_DT", dt)]));
     }
     out
 }

@@ -1,0 +1,101 @@
+// attention_io.wgsl — what the attention kernels share: the parameters,
+// the bindings and the loads from the strided views of q, k, v and mask.
+// q, k, v, mask are rank-4 views: q [B, Tq, H, D], k and v [B, Tk, KVH, D],
+// mask [B, H, Tq, Tk]; `off_*` are their offsets and `s*` their strides in
+// elements. Bit 0, 1, 2 of `fast` say that q, k, v have a unit last stride
+// and (for 16-bit dtypes) even offsets and strides, so that a row chunk
+// can be loaded as whole words.
+
+struct Params {
+    batch: u32,
+    tq: u32,
+    tk: u32,
+    heads: u32,
+    kv_heads: u32,
+    d: u32,
+    scale: f32,
+    causal: u32,
+    off_q: u32,
+    off_k: u32,
+    off_v: u32,
+    off_m: u32,
+    sq: vec4<u32>,
+    sk: vec4<u32>,
+    sv: vec4<u32>,
+    sm: vec4<u32>,
+    fast: u32,
+    // split-K decoding: keys per workgroup, workgroups per query row, and
+    // the words of one partial result in the scratch buffer
+    chunk: u32,
+    chunks: u32,
+    record: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> src_q: array<u32>;
+@group(0) @binding(2) var<storage, read> src_k: array<u32>;
+@group(0) @binding(3) var<storage, read> src_v: array<u32>;
+@group(0) @binding(4) var<storage, read> src_m: array<u32>;
+@group(0) @binding(5) var<storage, read_write> dst: array<u32>;
+
+override DT: u32 = 0u;
+override HAS_MASK: bool = false;
+
+const Q: u32 = 0u;
+const K: u32 = 1u;
+const V: u32 = 2u;
+const MASK: u32 = 3u;
+const NEG_INF: f32 = -3.4028235e38;
+
+// Word `i` of input `which` (a constant at every call site).
+fn word(which: u32, i: u32) -> u32 {
+    switch which {
+        case 0u: {
+            return src_q[i];
+        }
+        case 1u: {
+            return src_k[i];
+        }
+        case 2u: {
+            return src_v[i];
+        }
+        default: {
+            return src_m[i];
+        }
+    }
+}
+
+fn elem(which: u32, e: u32) -> f32 {
+    return decode(word(which, word_index(e, DT)), e, DT);
+}
+
+// Elements e, e + stride, ... of input `which`: `n` of them (2 or 4, as
+// head sizes are even); the missing ones are 0.
+fn ld4(which: u32, e: u32, n: u32, stride: u32) -> vec4<f32> {
+    var r = vec4<f32>(0.0);
+    let fast = (p.fast & (1u << which)) != 0u;
+    if fast && (DT == 1u || DT == 2u) {
+        let w0 = word(which, e >> 1u);
+        r.x = decode(w0, 0u, DT);
+        r.y = decode(w0, 1u, DT);
+        if n == 4u {
+            let w1 = word(which, (e >> 1u) + 1u);
+            r.z = decode(w1, 0u, DT);
+            r.w = decode(w1, 1u, DT);
+        }
+    } else {
+        let s = select(stride, 1u, fast);
+        r.x = elem(which, e);
+        r.y = elem(which, e + s);
+        if n == 4u {
+            r.z = elem(which, e + 2u * s);
+            r.w = elem(which, e + 3u * s);
+        }
+    }
+    return r;
+}
+
+// The elements of chunk `c` (dimensions 4c..4c+3) that a head of `d` has.
+fn chunk_len(c: u32, d: u32) -> u32 {
+    return min(4u, d - 4u * c);
+}
