@@ -390,7 +390,11 @@ pub fn run(args: &BenchArgs) -> Result<(), CliError> {
             } else {
                 "GPU timestamps around the loop (wall-clock with the device synchronized beside it)"
             },
-            "case", "time", "wall", "GFLOP/s", "GB/s"
+            "case",
+            "time",
+            "wall",
+            "GFLOP/s",
+            "GB/s"
         ))?;
     }
     for case in cases(args.large, cpu) {

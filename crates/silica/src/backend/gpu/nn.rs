@@ -51,6 +51,7 @@ pub(crate) static FLASH_ATTENTION_32: Kernel = Kernel {
         include_str!("flash_attention.wgsl")
     ),
     inputs: 4,
+    trusted: false,
 };
 /// Flash attention with key tiles of 16: 32 KiB of workgroup memory.
 pub(crate) static FLASH_ATTENTION_16: Kernel = Kernel {
@@ -62,6 +63,7 @@ pub(crate) static FLASH_ATTENTION_16: Kernel = Kernel {
         include_str!("flash_attention.wgsl")
     ),
     inputs: 4,
+    trusted: false,
 };
 /// Split-K attention for few queries: partial results per chunk of keys.
 pub(crate) static DECODE_ATTENTION: Kernel = Kernel {
@@ -72,6 +74,7 @@ pub(crate) static DECODE_ATTENTION: Kernel = Kernel {
         include_str!("decode_attention.wgsl")
     ),
     inputs: 4,
+    trusted: false,
 };
 /// Merges the chunks of [`DECODE_ATTENTION`].
 pub(crate) static ATTENTION_COMBINE: Kernel = Kernel {
@@ -81,6 +84,7 @@ pub(crate) static ATTENTION_COMBINE: Kernel = Kernel {
         include_str!("attention_combine.wgsl")
     ),
     inputs: 1,
+    trusted: false,
 };
 
 /// Largest head size of the tiled (flash and decode) kernels.
