@@ -21,7 +21,18 @@ pub(crate) static BINARY: Kernel = Kernel {
     source: concat!(
         include_str!("common.wgsl"),
         include_str!("store.wgsl"),
+        include_str!("binary_ops.wgsl"),
         include_str!("binary.wgsl")
+    ),
+    inputs: 2,
+    trusted: false,
+};
+pub(crate) static BINARY_VEC: Kernel = Kernel {
+    name: "binary_vec",
+    source: concat!(
+        include_str!("common.wgsl"),
+        include_str!("binary_ops.wgsl"),
+        include_str!("binary_vec.wgsl")
     ),
     inputs: 2,
     trusted: false,
@@ -155,6 +166,27 @@ pub(crate) fn binary(
             vec![la.clone(), la]
         }
     };
+    if let Some(quads) = vec_quads(a.dtype(), out_dtype, op, n, &views) {
+        let words = [
+            to_u32(n, "element count")?,
+            quads[0],
+            quads[1],
+            scalar.to_bits(),
+        ];
+        let per_quad = if a.dtype() == DType::F32 { 4 } else { 8 };
+        return ctx.dispatch(
+            &BINARY_VEC,
+            &[
+                ("OP", op as f64),
+                ("DT", code(a.dtype())),
+                ("B_SCALAR", if b.is_none() { 1.0 } else { 0.0 }),
+            ],
+            bytemuck::cast_slice(&words),
+            &[buffer(a), buffer(b.unwrap_or(a))],
+            out.raw(),
+            ctx.grid_for_threads(n.div_ceil(per_quad))?,
+        );
+    }
     let header = [
         to_u32(n, "element count")?,
         views[0].rank() as u32,
@@ -180,6 +212,29 @@ pub(crate) fn binary(
         out.raw(),
         ctx.grid_for_threads(units(n, out_dtype))?,
     )
+}
+
+/// The vec4-word offsets of both operands when the binary op can take the
+/// vectorized kernel: a float op (not a comparison) keeping the dtype, both
+/// views contiguous and unbroadcast, starting at the start of a vec4 word.
+fn vec_quads(dt: DType, out: DType, op: u32, n: usize, views: &[Layout]) -> Option<[u32; 2]> {
+    let per_quad = match dt {
+        DType::F32 => 4,
+        DType::F16 | DType::BF16 => 8,
+        _ => return None,
+    };
+    if op >= CMP_BASE || out != dt || n == 0 {
+        return None;
+    }
+    let mut quads = [0u32; 2];
+    for (q, v) in quads.iter_mut().zip(views) {
+        let contiguous = v.rank() == 0 || (v.rank() == 1 && v.strides()[0] == 1);
+        if !contiguous || v.offset() % per_quad != 0 {
+            return None;
+        }
+        *q = u32::try_from(v.offset() / per_quad).ok()?;
+    }
+    Some(quads)
 }
 
 pub(crate) fn where_cond(ctx: &Context, inputs: &[&Tensor], out: &GpuBuffer) -> Result<()> {
@@ -241,6 +296,16 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
                         ],
                     ));
                 }
+            }
+        }
+    }
+    for op in 0..8 {
+        for dt in [0.0, 1.0, 2.0] {
+            for s in [0.0, 1.0] {
+                out.push((
+                    &BINARY_VEC,
+                    vec![("OP", op as f64), ("DT", dt), ("B_SCALAR", s)],
+                ));
             }
         }
     }

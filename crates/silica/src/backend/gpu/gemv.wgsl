@@ -96,13 +96,30 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             let ch = chunk();
             let words = p.k / ch;
             tail = words * ch;
-            for (var w = lane; w < words; w += LANES) {
+            // two words per step, so that each thread has two loads of b
+            // in flight
+            var w = lane;
+            for (; w + LANES < words; w += 2u * LANES) {
+                let k0 = w * ch;
+                let k1 = k0 + LANES * ch;
+                let qb0 = src_b[(b0 + col * p.sb_n + k0) / ch];
+                let qb1 = src_b[(b0 + col * p.sb_n + k1) / ch];
+                for (var r = 0u; r < M; r++) {
+                    let qa0 = src_a[(a0 + r * p.sa_m + k0) / ch];
+                    let qa1 = src_a[(a0 + r * p.sa_m + k1) / ch];
+                    var s = dot(lo4(qa0), lo4(qb0)) + dot(lo4(qa1), lo4(qb1));
+                    if IN_DT != 0u {
+                        s += dot(hi4(qa0), hi4(qb0)) + dot(hi4(qa1), hi4(qb1));
+                    }
+                    acc[r] += s;
+                }
+            }
+            if w < words {
                 let k = w * ch;
                 let qb = src_b[(b0 + col * p.sb_n + k) / ch];
-                let bl = lo4(qb);
                 for (var r = 0u; r < M; r++) {
                     let qa = src_a[(a0 + r * p.sa_m + k) / ch];
-                    var s = dot(lo4(qa), bl);
+                    var s = dot(lo4(qa), lo4(qb));
                     if IN_DT != 0u {
                         s += dot(hi4(qa), hi4(qb));
                     }
