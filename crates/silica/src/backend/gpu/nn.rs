@@ -51,7 +51,7 @@ pub(crate) static FLASH_ATTENTION_32: Kernel = Kernel {
         include_str!("flash_attention.wgsl")
     ),
     inputs: 4,
-    trusted: false,
+    trusted: true,
 };
 /// Flash attention with key tiles of 16: 32 KiB of workgroup memory.
 pub(crate) static FLASH_ATTENTION_16: Kernel = Kernel {
@@ -63,7 +63,7 @@ pub(crate) static FLASH_ATTENTION_16: Kernel = Kernel {
         include_str!("flash_attention.wgsl")
     ),
     inputs: 4,
-    trusted: false,
+    trusted: true,
 };
 /// Split-K attention for few queries: partial results per chunk of keys.
 pub(crate) static DECODE_ATTENTION: Kernel = Kernel {
@@ -74,7 +74,7 @@ pub(crate) static DECODE_ATTENTION: Kernel = Kernel {
         include_str!("decode_attention.wgsl")
     ),
     inputs: 4,
-    trusted: false,
+    trusted: true,
 };
 /// Merges the chunks of [`DECODE_ATTENTION`].
 pub(crate) static ATTENTION_COMBINE: Kernel = Kernel {
