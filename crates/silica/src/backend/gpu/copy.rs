@@ -96,7 +96,12 @@ fn copy_at(
     let n = x.numel();
     let es = x.dtype().size_in_bytes();
     let contiguous = l.rank() == 0 || (l.rank() == 1 && l.strides()[0] == 1);
-    if int_cast == 0.0 && n > 0 && contiguous && (l.offset() * es) % 16 == 0 && dst_word % 4 == 0 {
+    if int_cast == 0.0
+        && n > 0
+        && contiguous
+        && (l.offset() * es).is_multiple_of(16)
+        && dst_word.is_multiple_of(4)
+    {
         // whole words: a 16-bit run of odd length ends in a half word, which
         // is only written past the end of a fresh output (copy_into takes
         // even runs, see can_copy_into)

@@ -65,7 +65,7 @@ struct Access {
 /// Whether every start offset of a strided view, `off + i * stride + batch
 /// offsets`, is a multiple of `align` elements.
 fn aligned(off: usize, strides: &[usize], align: usize) -> bool {
-    off % align == 0 && strides.iter().all(|s| s % align == 0)
+    off.is_multiple_of(align) && strides.iter().all(|s| s % align == 0)
 }
 
 fn access(a: &Layout, b: &Layout, batch: &[Layout], align: usize) -> Access {
