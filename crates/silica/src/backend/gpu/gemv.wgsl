@@ -2,30 +2,11 @@
 // LANES threads computes one column of dst for all rows, striding along K, so
 // that a weight stored row-major as [N, K] and used transposed (b = w.t(),
 // the usual x @ wᵀ) is read contiguously; 256 / LANES columns per workgroup. The
-// same Params as matmul.wgsl; a and b are bound as arrays of vec4 words.
+// Params from matmul_params.wgsl; a and b are bound as arrays of vec4 words.
 // VEC (both operands contiguous along k, every row start a multiple of
 // CH elements): each lane reads whole vec4 words, CH = 4 f32 or 8 halves,
 // and the tail of k that does not fill a word is read element-wise.
 
-struct Params {
-    m: u32,
-    n: u32,
-    k: u32,
-    batch_rank: u32,
-    off_a: u32,
-    off_b: u32,
-    sa_m: u32,
-    sa_k: u32,
-    sb_k: u32,
-    sb_n: u32,
-    _pad0: u32,
-    _pad1: u32,
-    batch_shape: array<vec4<u32>, 2>,
-    batch_strides_a: array<vec4<u32>, 2>,
-    batch_strides_b: array<vec4<u32>, 2>,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> src_a: array<vec4<u32>>;
 @group(0) @binding(2) var<storage, read> src_b: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read_write> dst: array<u32>;

@@ -7,14 +7,22 @@ use crate::{DType, Error, Layout, Result, Tensor};
 
 pub(crate) static MATMUL: Kernel = Kernel {
     name: "matmul",
-    source: concat!(include_str!("common.wgsl"), include_str!("matmul.wgsl")),
+    source: concat!(
+        include_str!("common.wgsl"),
+        include_str!("matmul_params.wgsl"),
+        include_str!("matmul.wgsl")
+    ),
     inputs: 2,
     trusted: false,
 };
 
 pub(crate) static MATMUL_BIG: Kernel = Kernel {
     name: "matmul_big",
-    source: concat!(include_str!("common.wgsl"), include_str!("matmul_big.wgsl")),
+    source: concat!(
+        include_str!("common.wgsl"),
+        include_str!("matmul_params.wgsl"),
+        include_str!("matmul_big.wgsl")
+    ),
     inputs: 2,
     trusted: true,
 };
@@ -24,6 +32,7 @@ pub(crate) static MATMUL_COOP: Kernel = Kernel {
     source: concat!(
         "enable f16;\nenable wgpu_cooperative_matrix;\n",
         include_str!("common.wgsl"),
+        include_str!("matmul_params.wgsl"),
         include_str!("matmul_coop.wgsl")
     ),
     inputs: 2,
@@ -32,7 +41,11 @@ pub(crate) static MATMUL_COOP: Kernel = Kernel {
 
 pub(crate) static GEMV: Kernel = Kernel {
     name: "gemv",
-    source: concat!(include_str!("common.wgsl"), include_str!("gemv.wgsl")),
+    source: concat!(
+        include_str!("common.wgsl"),
+        include_str!("matmul_params.wgsl"),
+        include_str!("gemv.wgsl")
+    ),
     inputs: 2,
     trusted: true,
 };

@@ -6,25 +6,6 @@
 // so the column pairs a thread writes share a word that no other thread
 // touches.
 
-struct Params {
-    m: u32,
-    n: u32,
-    k: u32,
-    batch_rank: u32,
-    off_a: u32,
-    off_b: u32,
-    sa_m: u32,
-    sa_k: u32,
-    sb_k: u32,
-    sb_n: u32,
-    _pad0: u32,
-    _pad1: u32,
-    batch_shape: array<vec4<u32>, 2>,
-    batch_strides_a: array<vec4<u32>, 2>,
-    batch_strides_b: array<vec4<u32>, 2>,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> src_a: array<u32>;
 @group(0) @binding(2) var<storage, read> src_b: array<u32>;
 @group(0) @binding(3) var<storage, read_write> dst: array<u32>;

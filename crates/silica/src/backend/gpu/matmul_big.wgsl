@@ -2,7 +2,7 @@
 // workgroup computes a 128x128 tile of dst, 8x8 per thread (rows ty*4..+4
 // and 64+ty*4..+4, the same split for columns, so that the four vec4 reads
 // of a k step are conflict-free), staging 128x16 of a and 16x128 of b in
-// workgroup memory per step. Same Params as matmul.wgsl; a and b are bound
+// workgroup memory per step. Params from matmul_params.wgsl; a and b are bound
 // as arrays of vec4 words (every pool buffer is a multiple of 16 bytes) so
 // that operands contiguous along the loaded dimension are read four
 // elements at a time:
@@ -13,25 +13,6 @@
 //   time (as A_VEC false).
 // f16 halves are converted with unpack2x16float on the vector paths.
 
-struct Params {
-    m: u32,
-    n: u32,
-    k: u32,
-    batch_rank: u32,
-    off_a: u32,
-    off_b: u32,
-    sa_m: u32,
-    sa_k: u32,
-    sb_k: u32,
-    sb_n: u32,
-    _pad0: u32,
-    _pad1: u32,
-    batch_shape: array<vec4<u32>, 2>,
-    batch_strides_a: array<vec4<u32>, 2>,
-    batch_strides_b: array<vec4<u32>, 2>,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> src_a: array<vec4<u32>>;
 @group(0) @binding(2) var<storage, read> src_b: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read_write> dst: array<u32>;

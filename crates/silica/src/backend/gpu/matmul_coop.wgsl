@@ -8,30 +8,11 @@
 // fragments from there. Edges are zero-filled, so any M, N, K work. The
 // accumulators go out through a per-subgroup 16x16 f32 scratch, element
 // by element, so partial tiles and 16-bit outputs are written like the
-// other matmul kernels. Same Params as matmul.wgsl; operand loading modes as
+// other matmul kernels. Params from matmul_params.wgsl; operand loading modes as
 // in matmul_big.wgsl (A_VEC, B_MODE), with 8-half vec4 words.
 // The launcher picks it only on adapters whose subgroups are exactly 32
 // wide and that offer 16x16x16 f16 -> f32 cooperative matrices.
 
-struct Params {
-    m: u32,
-    n: u32,
-    k: u32,
-    batch_rank: u32,
-    off_a: u32,
-    off_b: u32,
-    sa_m: u32,
-    sa_k: u32,
-    sb_k: u32,
-    sb_n: u32,
-    _pad0: u32,
-    _pad1: u32,
-    batch_shape: array<vec4<u32>, 2>,
-    batch_strides_a: array<vec4<u32>, 2>,
-    batch_strides_b: array<vec4<u32>, 2>,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> src_a: array<vec4<u32>>;
 @group(0) @binding(2) var<storage, read> src_b: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read_write> dst: array<u32>;
