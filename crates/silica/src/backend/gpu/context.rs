@@ -61,6 +61,7 @@ pub(crate) struct Context {
     /// Test hook: the matmul kernel to use whatever the shape.
     pub forced_matmul: Mutex<Option<&'static str>>,
     max_groups: u32,
+    workgroup_memory: u32,
     modules: Mutex<HashMap<&'static str, wgpu::ShaderModule>>,
     pipelines: Mutex<HashMap<PipelineKey, wgpu::ComputePipeline>>,
     layouts: Mutex<HashMap<usize, (wgpu::BindGroupLayout, wgpu::PipelineLayout)>>,
@@ -151,6 +152,7 @@ impl Context {
             coop16,
             forced_matmul: Mutex::new(None),
             max_groups: limits.max_compute_workgroups_per_dimension,
+            workgroup_memory: limits.max_compute_workgroup_storage_size,
             modules: Mutex::new(HashMap::new()),
             pipelines: Mutex::new(HashMap::new()),
             layouts: Mutex::new(HashMap::new()),
@@ -396,6 +398,11 @@ impl Context {
 
     pub fn coop16(&self) -> bool {
         self.coop16
+    }
+
+    /// Bytes of workgroup memory a kernel may use.
+    pub fn workgroup_memory(&self) -> u32 {
+        self.workgroup_memory
     }
 
     pub fn max_groups(&self) -> u32 {

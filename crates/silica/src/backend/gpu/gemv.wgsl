@@ -2,7 +2,7 @@
 // LANES threads computes one column of dst for all rows, striding along K, so
 // that a weight stored row-major as [N, K] and used transposed (b = w.t(),
 // the usual x @ wᵀ) is read contiguously; 256 / LANES columns per workgroup. The
-// Params from matmul_params.wgsl; a and b are bound as arrays of vec4 words.
+// Params from matmul_common.wgsl; a and b are bound as arrays of vec4 words.
 // VEC (both operands contiguous along k, every row start a multiple of
 // CH elements): each lane reads whole vec4 words, CH = 4 f32 or 8 halves,
 // and the tail of k that does not fill a word is read element-wise.

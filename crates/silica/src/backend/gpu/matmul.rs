@@ -9,7 +9,7 @@ pub(crate) static MATMUL: Kernel = Kernel {
     name: "matmul",
     source: concat!(
         include_str!("common.wgsl"),
-        include_str!("matmul_params.wgsl"),
+        include_str!("matmul_common.wgsl"),
         include_str!("matmul.wgsl")
     ),
     inputs: 2,
@@ -20,7 +20,7 @@ pub(crate) static MATMUL_BIG: Kernel = Kernel {
     name: "matmul_big",
     source: concat!(
         include_str!("common.wgsl"),
-        include_str!("matmul_params.wgsl"),
+        include_str!("matmul_common.wgsl"),
         include_str!("matmul_big.wgsl")
     ),
     inputs: 2,
@@ -32,7 +32,7 @@ pub(crate) static MATMUL_COOP: Kernel = Kernel {
     source: concat!(
         "enable f16;\nenable wgpu_cooperative_matrix;\n",
         include_str!("common.wgsl"),
-        include_str!("matmul_params.wgsl"),
+        include_str!("matmul_common.wgsl"),
         include_str!("matmul_coop.wgsl")
     ),
     inputs: 2,
@@ -43,7 +43,7 @@ pub(crate) static GEMV: Kernel = Kernel {
     name: "gemv",
     source: concat!(
         include_str!("common.wgsl"),
-        include_str!("matmul_params.wgsl"),
+        include_str!("matmul_common.wgsl"),
         include_str!("gemv.wgsl")
     ),
     inputs: 2,
@@ -77,21 +77,20 @@ struct Access {
 
 /// Whether every start offset of a strided view, `off + i * stride + batch
 /// offsets`, is a multiple of `align` elements.
-fn aligned(off: usize, strides: &[usize], align: usize) -> bool {
-    off.is_multiple_of(align) && strides.iter().all(|s| s % align == 0)
+fn aligned(off: usize, mut strides: impl Iterator<Item = usize>, align: usize) -> bool {
+    off.is_multiple_of(align) && strides.all(|s| s.is_multiple_of(align))
 }
 
 fn access(a: &Layout, b: &Layout, batch: &[Layout], align: usize) -> Access {
     let r = a.rank();
     let (sa_m, sa_k) = (a.strides()[r - 2], a.strides()[r - 1]);
     let (sb_k, sb_n) = (b.strides()[r - 2], b.strides()[r - 1]);
-    let mut ba = vec![sa_m];
-    ba.extend_from_slice(batch[0].strides());
-    let a_vec = sa_k == 1 && aligned(a.offset(), &ba, align);
-    let b_mode = if sb_k == 1 && aligned(b.offset(), &[&[sb_n], batch[1].strides()].concat(), align)
-    {
+    let with_batch =
+        |s: usize, i: usize| std::iter::once(s).chain(batch[i].strides().iter().copied());
+    let a_vec = sa_k == 1 && aligned(a.offset(), with_batch(sa_m, 0), align);
+    let b_mode = if sb_k == 1 && aligned(b.offset(), with_batch(sb_n, 1), align) {
         1
-    } else if sb_n == 1 && aligned(b.offset(), &[&[sb_k], batch[1].strides()].concat(), align) {
+    } else if sb_n == 1 && aligned(b.offset(), with_batch(sb_k, 1), align) {
         2
     } else {
         0

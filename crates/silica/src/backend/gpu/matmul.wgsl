@@ -31,28 +31,6 @@ fn b_vec(kk: u32, c0: u32) -> vec4<f32> {
     return vec4<f32>(tile_b[i], tile_b[i + 1u], tile_b[i + 2u], tile_b[i + 3u]);
 }
 
-fn store_row(out0: u32, r: u32, c0: u32, v: vec4<f32>) {
-    if r >= p.m {
-        return;
-    }
-    let vals = array<f32, 4>(v.x, v.y, v.z, v.w);
-    for (var j = 0u; j < 4u; j += 2u) {
-        let c = c0 + j;
-        if c >= p.n {
-            return;
-        }
-        let e = out0 + r * p.n + c;
-        if OUT_DT == 1u || OUT_DT == 2u {
-            dst[e >> 1u] = encode_pair(vals[j], vals[j + 1u], OUT_DT);
-        } else {
-            dst[e] = bitcast<u32>(vals[j]);
-            if c + 1u < p.n {
-                dst[e + 1u] = bitcast<u32>(vals[j + 1u]);
-            }
-        }
-    }
-}
-
 @compute @workgroup_size(16, 16)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid3: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let z = wid.z;
@@ -111,8 +89,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         workgroupBarrier();
     }
     let out0 = z * p.m * p.n;
-    store_row(out0, row0 + r0, col0 + c0, acc0);
-    store_row(out0, row0 + r0 + 1u, col0 + c0, acc1);
-    store_row(out0, row0 + r0 + 2u, col0 + c0, acc2);
-    store_row(out0, row0 + r0 + 3u, col0 + c0, acc3);
+    store4(out0, row0 + r0, col0 + c0, acc0);
+    store4(out0, row0 + r0 + 1u, col0 + c0, acc1);
+    store4(out0, row0 + r0 + 2u, col0 + c0, acc2);
+    store4(out0, row0 + r0 + 3u, col0 + c0, acc3);
 }

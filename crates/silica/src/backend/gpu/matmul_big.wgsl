@@ -2,7 +2,7 @@
 // workgroup computes a 128x128 tile of dst, 8x8 per thread (rows ty*4..+4
 // and 64+ty*4..+4, the same split for columns, so that the four vec4 reads
 // of a k step are conflict-free), staging 128x16 of a and 16x128 of b in
-// workgroup memory per step. Params from matmul_params.wgsl; a and b are bound
+// workgroup memory per step. Params from matmul_common.wgsl; a and b are bound
 // as arrays of vec4 words (every pool buffer is a multiple of 16 bytes) so
 // that operands contiguous along the loaded dimension are read four
 // elements at a time:
@@ -74,28 +74,6 @@ fn set_a(k: u32, r: u32, v: f32) {
 
 fn set_b(k: u32, c: u32, v: f32) {
     tile_b[k * SLOTS + (c >> 2u)][c & 3u] = v;
-}
-
-fn store4(out0: u32, r: u32, c0: u32, v: vec4<f32>) {
-    if r >= p.m {
-        return;
-    }
-    let vals = array<f32, 4>(v.x, v.y, v.z, v.w);
-    for (var j = 0u; j < 4u; j += 2u) {
-        let c = c0 + j;
-        if c >= p.n {
-            return;
-        }
-        let e = out0 + r * p.n + c;
-        if OUT_DT == 1u || OUT_DT == 2u {
-            dst[e >> 1u] = encode_pair(vals[j], vals[j + 1u], OUT_DT);
-        } else {
-            dst[e] = bitcast<u32>(vals[j]);
-            if c + 1u < p.n {
-                dst[e + 1u] = bitcast<u32>(vals[j + 1u]);
-            }
-        }
-    }
 }
 
 // Stages a[row0.., kt..] into tile_a (k-major).

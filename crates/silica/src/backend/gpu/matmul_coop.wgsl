@@ -8,7 +8,7 @@
 // fragments from there. Edges are zero-filled, so any M, N, K work. The
 // accumulators go out through a per-subgroup 16x16 f32 scratch, element
 // by element, so partial tiles and 16-bit outputs are written like the
-// other matmul kernels. Params from matmul_params.wgsl; operand loading modes as
+// other matmul kernels. Params from matmul_common.wgsl; operand loading modes as
 // in matmul_big.wgsl (A_VEC, B_MODE), with 8-half vec4 words.
 // The launcher picks it only on adapters whose subgroups are exactly 32
 // wide and that offer 16x16x16 f16 -> f32 cooperative matrices.

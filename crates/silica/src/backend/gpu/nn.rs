@@ -253,7 +253,7 @@ pub(crate) fn attention(
     let bytes: &[u8] = bytemuck::cast_slice(&words);
     let srcs = [buffer(q), buffer(k), buffer(v), buffer(mask.unwrap_or(q))];
     let has_mask = if mask.is_some() { 1.0 } else { 0.0 };
-    let wg_memory = ctx.device.limits().max_compute_workgroup_storage_size;
+    let wg_memory = ctx.workgroup_memory();
     let kernel = if d > TILED_MAX_D || wg_memory < 32 * 1024 {
         &ATTENTION
     } else if tq <= DECODE_MAX_TQ {
