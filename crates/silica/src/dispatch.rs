@@ -78,7 +78,7 @@ fn check_tolerance(op: &Op, dtype: DType) -> f64 {
     };
     match op {
         // sums of many rounded products
-        Op::Matmul | Op::Reduce(_) | Op::Attention { .. } => base * 10.0,
+        Op::Matmul | Op::QMatmul { .. } | Op::Reduce(_) | Op::Attention { .. } => base * 10.0,
         Op::RmsNorm { .. } | Op::LayerNorm { .. } => base * 4.0,
         _ => base,
     }

@@ -26,6 +26,8 @@ mod error;
 mod layout;
 mod memory;
 pub mod ops;
+mod qtensor;
+pub mod quant;
 mod storage;
 mod tensor;
 
@@ -39,4 +41,6 @@ pub use error::{Error, Result};
 pub use layout::{Layout, broadcast_shapes};
 pub use memory::MemoryStats;
 pub use ops::{AttentionOpts, BinaryOp, CmpOp, Op, ReduceOp, RopeStyle, UnaryOp};
+pub use qtensor::QTensor;
+pub use quant::QuantFormat;
 pub use tensor::Tensor;

@@ -6,7 +6,7 @@
 
 mod common;
 
-use silica::{DType, Device, Result, Tensor};
+use silica::{DType, Device, QTensor, QuantFormat, Result, Tensor};
 
 /// |gpu - cpu| <= atol + rtol * |cpu|; NaN must match NaN.
 #[derive(Clone, Copy, Debug)]
@@ -358,6 +358,40 @@ fn forced_matmul_cases(cases: &mut Vec<Case>) {
     }
 }
 
+/// `x @ wᵀ` with quantized `w`, every block format: the GEMV kernel (up to
+/// 8 rows of x) and the tiled one, on sizes that do not fill their tiles,
+/// with x contiguous, offset (copied by the op) and transposed; `w` random
+/// blocks, the same bytes on every device.
+fn qmatmul_cases(cases: &mut Vec<Case>) {
+    // (rows of x, n, k)
+    let shapes: [(&[usize], usize, usize); 7] = [
+        (&[1, 256], 7, 256),
+        (&[2, 512], 66, 512),
+        (&[5, 768], 34, 768),
+        (&[8, 256], 130, 256),
+        (&[2, 9, 256], 18, 256),
+        (&[70, 512], 67, 512),
+        // long rows: the GEMV kernel with 64 and 128 threads per row
+        (&[1, 8192], 6, 8192),
+    ];
+    for format in QuantFormat::ALL {
+        for dtype in DType::FLOATS {
+            for kind in [Kind::Contiguous, Kind::Offset, Kind::Transposed] {
+                for (xs, n, k) in shapes {
+                    if !matches!(kind, Kind::Contiguous) && xs.len() > 2 {
+                        continue;
+                    }
+                    let name = format!("matmul_q {format} {dtype} {kind:?} {xs:?} x [{n}, {k}]");
+                    case(cases, name, accumulating(dtype), move |d| {
+                        let w = QTensor::random(format, &[n, k], 30, d)?;
+                        input(kind, xs, dtype, 31, d)?.matmul_q(&w)
+                    });
+                }
+            }
+        }
+    }
+}
+
 fn data_movement_cases(cases: &mut Vec<Case>) {
     for from in DType::ALL {
         for to in DType::ALL {
@@ -428,6 +462,7 @@ fn all_cases() -> Vec<Case> {
     reduce_cases(&mut cases);
     matmul_cases(&mut cases);
     forced_matmul_cases(&mut cases);
+    qmatmul_cases(&mut cases);
     data_movement_cases(&mut cases);
     nn_cases(&mut cases);
     cases

@@ -17,7 +17,7 @@ pub use nn::{AttentionOpts, RopeStyle};
 pub use reduce::ReduceOp;
 pub use unary::UnaryOp;
 
-use crate::DType;
+use crate::{DType, QuantFormat};
 
 /// One operation as the backends see it. Shapes are already checked and
 /// broadcast by the `Tensor` method; outputs are always new contiguous tensors.
@@ -40,6 +40,10 @@ pub enum Op {
     Softmax { log: bool },
     /// `a [.., M, K] @ b [.., K, N]`, batch dimensions already broadcast.
     Matmul,
+    /// `x [.., K] @ wᵀ` for a quantized `w [N, K]`; inputs `[x, w]`, `x`
+    /// contiguous from a multiple of 8 elements, `w` the blocks as a flat
+    /// `U32` tensor (see [`crate::QTensor`]).
+    QMatmul { format: QuantFormat },
     /// Conversion to the output dtype.
     Cast,
     /// A contiguous copy of a strided view (bitwise, any dtype).
@@ -72,6 +76,7 @@ impl Op {
             Op::Softmax { log: false } => "softmax",
             Op::Softmax { log: true } => "log_softmax",
             Op::Matmul => "matmul",
+            Op::QMatmul { .. } => "matmul_q",
             Op::Cast => "to_dtype",
             Op::Copy => "contiguous",
             Op::Cat { .. } => "cat",
@@ -94,6 +99,9 @@ impl Op {
         ops.push(Op::Softmax { log: false });
         ops.push(Op::Softmax { log: true });
         ops.push(Op::Matmul);
+        ops.push(Op::QMatmul {
+            format: QuantFormat::Q4_0,
+        });
         ops.push(Op::Cast);
         ops.push(Op::Copy);
         ops.push(Op::Cat { axis: 0 });

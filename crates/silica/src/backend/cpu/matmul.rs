@@ -7,11 +7,11 @@ use crate::storage::CpuStorage;
 use crate::{DType, Tensor};
 
 /// A 2-D f32 operand: element `(i, j)` is at `data[offset + i * rs + j * cs]`.
-struct Operand<'a> {
-    data: &'a [f32],
-    offset: usize,
-    rs: usize,
-    cs: usize,
+pub(super) struct Operand<'a> {
+    pub data: &'a [f32],
+    pub offset: usize,
+    pub rs: usize,
+    pub cs: usize,
 }
 
 /// f32 data and the layout to read it with: the tensor's own storage for
@@ -72,7 +72,7 @@ pub fn matmul(a: &Tensor, b: &Tensor, out_shape: &[usize], out: DType) -> CpuSto
 }
 
 /// `dst [m, n] (row-major) = lhs [m, k] @ rhs [k, n]`.
-fn gemm_f32(
+pub(super) fn gemm_f32(
     m: usize,
     n: usize,
     k: usize,

@@ -6,6 +6,7 @@ mod elementwise;
 mod index;
 mod matmul;
 mod nn;
+mod qmatmul;
 mod reduce;
 
 use super::Backend;
@@ -43,6 +44,9 @@ impl Backend for CpuBackend {
             Op::Reduce(r) => reduce::reduce(r, inputs[0], out_dtype),
             Op::Softmax { log } => reduce::softmax(inputs[0], log, out_dtype),
             Op::Matmul => matmul::matmul(inputs[0], inputs[1], out_shape, out_dtype),
+            Op::QMatmul { format } => {
+                qmatmul::qmatmul(format, inputs[0], inputs[1], out_shape, out_dtype)
+            }
             Op::Cast => elementwise::cast(inputs[0], out_dtype),
             Op::Copy => host(inputs[0]).gather(inputs[0].layout()),
             Op::Cat { axis } => index::cat(inputs, axis, out_shape),

@@ -10,6 +10,7 @@ pub(crate) static MATMUL: Kernel = Kernel {
     source: concat!(
         include_str!("common.wgsl"),
         include_str!("matmul_common.wgsl"),
+        include_str!("store4.wgsl"),
         include_str!("matmul.wgsl")
     ),
     inputs: 2,
@@ -21,6 +22,7 @@ pub(crate) static MATMUL_BIG: Kernel = Kernel {
     source: concat!(
         include_str!("common.wgsl"),
         include_str!("matmul_common.wgsl"),
+        include_str!("store4.wgsl"),
         include_str!("matmul_big.wgsl")
     ),
     inputs: 2,
@@ -33,6 +35,7 @@ pub(crate) static MATMUL_COOP: Kernel = Kernel {
         "enable f16;\nenable wgpu_cooperative_matrix;\n",
         include_str!("common.wgsl"),
         include_str!("matmul_common.wgsl"),
+        include_str!("store4.wgsl"),
         include_str!("matmul_coop.wgsl")
     ),
     inputs: 2,

@@ -11,6 +11,7 @@ mod copy;
 mod elementwise;
 mod matmul;
 mod nn;
+mod qmatmul;
 mod reduce;
 #[cfg(test)]
 mod shader_tests;
@@ -199,6 +200,8 @@ impl GpuDevice {
         match op {
             // bitwise kernels: any dtype
             Op::Copy | Op::Cat { .. } | Op::IndexSelect { .. } | Op::Cast | Op::Where => true,
+            // float activations, the blocks as words
+            Op::QMatmul { .. } => dtypes.first().is_some_and(|d| d.is_float()),
             _ => dtypes.iter().all(|d| d.is_float()),
         }
     }
@@ -253,6 +256,9 @@ impl GpuDevice {
             Op::Reduce(r) => reduce::reduce(c, r, inputs[0], &out, out_dtype)?,
             Op::Softmax { log } => reduce::softmax(c, log, inputs[0], &out, out_dtype)?,
             Op::Matmul => matmul::matmul(c, inputs[0], inputs[1], out_shape, &out, out_dtype)?,
+            Op::QMatmul { format } => {
+                qmatmul::qmatmul(c, format, inputs[0], inputs[1], out_shape, &out, out_dtype)?
+            }
             Op::RmsNorm { eps } => nn::norm(c, inputs[0], inputs[1], None, eps, &out, out_dtype)?,
             Op::LayerNorm { eps } => nn::norm(
                 c,
@@ -296,6 +302,18 @@ impl GpuDevice {
         self.ctx.check_alive()?;
         let buf = self.ctx.pool.alloc(data.as_bytes().len() as u64)?;
         self.ctx.write(&buf, data.as_bytes())?;
+        Ok(buf)
+    }
+
+    /// Copies raw bytes (quantized blocks) into a new device buffer, zero
+    /// padded to whole words.
+    pub(crate) fn upload_bytes(&self, bytes: &[u8]) -> Result<GpuBuffer> {
+        self.ctx.check_alive()?;
+        let buf = self
+            .ctx
+            .pool
+            .alloc(bytes.len().next_multiple_of(4) as u64)?;
+        self.ctx.write(&buf, bytes)?;
         Ok(buf)
     }
 

@@ -2,7 +2,7 @@
 //! must parse, validate and translate with naga to MSL (the Metal path,
 //! which cannot be run here) and to SPIR-V (the Vulkan path).
 
-use super::{Kernel, copy, elementwise, matmul, nn, reduce};
+use super::{Kernel, copy, elementwise, matmul, nn, qmatmul, reduce};
 
 fn all() -> Vec<(&'static Kernel, Vec<(&'static str, f64)>)> {
     let mut v = elementwise::specializations();
@@ -10,6 +10,7 @@ fn all() -> Vec<(&'static Kernel, Vec<(&'static str, f64)>)> {
     v.extend(matmul::specializations());
     v.extend(copy::specializations());
     v.extend(nn::specializations());
+    v.extend(qmatmul::specializations());
     v
 }
 

@@ -1,0 +1,151 @@
+//! Launchers of the quantized matmul kernels: `x @ wᵀ` with `w` in a GGML
+//! block format, decoded inside the kernel (GEMV for few rows of x, tiled
+//! for many).
+
+use super::elementwise::{buffer, to_u32, via_f32};
+use super::{Context, Kernel};
+use crate::memory::GpuBuffer;
+use crate::quant::QuantFormat;
+use crate::{DType, Error, Result, Tensor};
+
+macro_rules! qkernel {
+    ($file:literal) => {
+        concat!(
+            include_str!("common.wgsl"),
+            include_str!("qmatmul_common.wgsl"),
+            include_str!("quant_blocks.wgsl"),
+            include_str!("store4.wgsl"),
+            include_str!($file)
+        )
+    };
+}
+
+pub(crate) static QGEMV: Kernel = Kernel {
+    name: "qgemv",
+    source: qkernel!("qgemv.wgsl"),
+    inputs: 2,
+    trusted: true,
+};
+
+pub(crate) static QMATMUL: Kernel = Kernel {
+    name: "qmatmul",
+    source: qkernel!("qmatmul.wgsl"),
+    inputs: 2,
+    trusted: true,
+};
+
+/// Rows of x up to which the GEMV kernel is used.
+const GEMV_MAX_M: usize = 8;
+
+/// Threads per weight row of the GEMV kernel: 32, or more when the rows
+/// are too few to keep about half a million threads busy and each still
+/// decodes at least 4 groups.
+fn gemv_lanes(n: usize, k: usize) -> usize {
+    let groups = k / 32;
+    let mut lanes = 32;
+    while lanes < 128 && n * lanes < 1 << 19 && groups >= lanes * 8 {
+        lanes *= 2;
+    }
+    lanes
+}
+
+pub(crate) fn qmatmul(
+    ctx: &Context,
+    format: QuantFormat,
+    x: &Tensor,
+    w: &Tensor,
+    out_shape: &[usize],
+    out: &GpuBuffer,
+    out_dtype: DType,
+) -> Result<()> {
+    let k = x.shape().last().copied().unwrap_or(0);
+    let n = out_shape.last().copied().unwrap_or(0);
+    let m = x.numel() / k.max(1);
+    if !k.is_multiple_of(32) || !x.layout().offset().is_multiple_of(8) || !x.is_contiguous() {
+        // the op layer hands over contiguous, aligned x and whole blocks
+        return Err(Error::NotSupported {
+            op: "matmul_q",
+            reason: "x must be contiguous from a multiple of 8 elements".into(),
+        });
+    }
+    let row_bytes = format.bytes_for(k);
+    let max = ctx.max_groups() as usize;
+    let (kernel, grid, lanes) = if m <= GEMV_MAX_M {
+        let lanes = gemv_lanes(n, k);
+        let groups = n.div_ceil(256 / lanes);
+        (&QGEMV, [groups.min(max), groups.div_ceil(max), 1], lanes)
+    } else {
+        (&QMATMUL, [n.div_ceil(64), m.div_ceil(64), 1], 0)
+    };
+    if grid.iter().any(|&g| g > max) {
+        return Err(Error::NotSupported {
+            op: "matmul_q",
+            reason: format!("grid {grid:?} exceeds the adapter's workgroup limit"),
+        });
+    }
+    let header = [
+        to_u32(m, "M")?,
+        to_u32(n, "N")?,
+        to_u32(k, "K")?,
+        to_u32(row_bytes, "row bytes")?,
+        to_u32(x.layout().offset(), "offset")?,
+        0,
+        0,
+        0,
+    ];
+    let bytes: &[u8] = bytemuck::cast_slice(&header);
+    via_f32(ctx, out_shape, out, out_dtype, |dst, dt| {
+        ctx.dispatch(
+            kernel,
+            &constants(kernel, format, x.dtype(), dt, m, lanes),
+            bytes,
+            &[buffer(x), buffer(w)],
+            dst.raw(),
+            [grid[0] as u32, grid[1] as u32, grid[2] as u32],
+        )
+    })
+}
+
+fn constants(
+    kernel: &Kernel,
+    format: QuantFormat,
+    input: DType,
+    out: DType,
+    m: usize,
+    lanes: usize,
+) -> Vec<(&'static str, f64)> {
+    let mut c = vec![
+        ("FMT", format.gpu_code() as f64),
+        ("IN_DT", input.gpu_code() as f64),
+        ("OUT_DT", out.gpu_code() as f64),
+    ];
+    if std::ptr::eq(kernel, &QGEMV) {
+        c.push(("M", m as f64));
+        c.push(("LANES", lanes as f64));
+    }
+    c
+}
+
+#[cfg(test)]
+pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)>)> {
+    let mut out = Vec::new();
+    for format in QuantFormat::ALL {
+        for dt in [DType::F32, DType::F16, DType::BF16] {
+            let outs = if dt == DType::F32 {
+                vec![dt]
+            } else {
+                vec![dt, DType::F32]
+            };
+            for o in outs {
+                out.push((&QMATMUL, constants(&QMATMUL, format, dt, o, 64, 0)));
+                for m in 1..=GEMV_MAX_M {
+                    out.push((&QGEMV, constants(&QGEMV, format, dt, o, m, 32)));
+                }
+                for lanes in [64, 128] {
+                    out.push((&QGEMV, constants(&QGEMV, format, dt, o, 1, lanes)));
+                }
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,292 @@
+//! `QTensor`: a weight matrix kept in a GGML block format on its device,
+//! and the product `x @ wᵀ` that dequantizes inside the kernel.
+
+use crate::dispatch::run;
+use crate::quant::QuantFormat;
+use crate::storage::{CpuStorage, Storage};
+use crate::{DType, Device, Error, Op, Result, Tensor};
+
+/// A 2-D weight matrix `[rows, cols]` stored in a block format, rows of
+/// whole blocks one after the other, exactly as in a GGUF file.
+///
+/// The blocks go to the device as they are (no dequantized copy exists in
+/// host or device memory); [`Tensor::matmul_q`] dequantizes inside its
+/// kernel. The raw bytes are held as a `U32` tensor of the padded byte
+/// length, so device memory accounting, transfers and the CPU fallback work
+/// as for any tensor.
+///
+/// ```
+/// use silica::{DType, Device, QTensor, QuantFormat, Tensor};
+/// let dev = Device::cpu();
+/// let w = Tensor::randn(&[8, 64], DType::F32, 1, &dev)?;
+/// let q = QTensor::quantize(&w, QuantFormat::Q8_0)?;
+/// let x = Tensor::randn(&[2, 64], DType::F32, 2, &dev)?;
+/// let y = x.matmul_q(&q)?; // [2, 8], close to x.matmul(&w.t()?)
+/// assert_eq!(y.shape(), &[2, 8]);
+/// # Ok::<(), silica::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct QTensor {
+    words: Tensor,
+    format: QuantFormat,
+    rows: usize,
+    cols: usize,
+}
+
+impl std::fmt::Debug for QTensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "QTensor([{}, {}], {}, {})",
+            self.rows,
+            self.cols,
+            self.format,
+            self.device()
+        )
+    }
+}
+
+/// Checks that `[rows, cols]` of `format` fits a u32-indexed device buffer
+/// and is whole blocks per row; returns the byte length.
+fn byte_len(format: QuantFormat, rows: usize, cols: usize) -> Result<usize> {
+    let op = "QTensor";
+    if !cols.is_multiple_of(format.block_elems()) {
+        return Err(Error::InvalidArgument {
+            op,
+            msg: format!(
+                "rows of {cols} values are not whole {format} blocks of {}",
+                format.block_elems()
+            ),
+        });
+    }
+    rows.checked_mul(format.bytes_for(cols))
+        .filter(|&n| n < u32::MAX as usize - 8)
+        .ok_or_else(|| Error::InvalidArgument {
+            op,
+            msg: format!("[{rows}, {cols}] {format} exceeds the 4 GiB buffer limit"),
+        })
+}
+
+impl QTensor {
+    /// A matrix of `shape` `[rows, cols]` from its blocks (`bytes`, exactly
+    /// `rows * cols / block_elems * block_bytes` of them), on `device`.
+    pub fn from_bytes(
+        format: QuantFormat,
+        shape: &[usize],
+        bytes: &[u8],
+        device: &Device,
+    ) -> Result<QTensor> {
+        let &[rows, cols] = shape else {
+            return Err(Error::InvalidArgument {
+                op: "QTensor",
+                msg: format!("a quantized matrix has 2 dimensions, got shape {shape:?}"),
+            });
+        };
+        let len = byte_len(format, rows, cols)?;
+        if bytes.len() != len {
+            return Err(Error::InvalidArgument {
+                op: "QTensor",
+                msg: format!(
+                    "[{rows}, {cols}] in {format} takes {len} bytes, {} were given",
+                    bytes.len()
+                ),
+            });
+        }
+        let n_words = len.div_ceil(4);
+        let storage = match device {
+            Device::Cpu => {
+                let mut words = vec![0u32; n_words];
+                bytemuck::cast_slice_mut::<u32, u8>(&mut words)[..len].copy_from_slice(bytes);
+                Storage::Cpu(CpuStorage::U32(words))
+            }
+            // straight from the caller's bytes (a memory-mapped file) to the device
+            Device::Gpu(g) => Storage::Gpu(g.upload_bytes(bytes)?),
+        };
+        Ok(QTensor {
+            words: Tensor::from_parts(storage, &[n_words], DType::U32, device.clone()),
+            format,
+            rows,
+            cols,
+        })
+    }
+
+    /// Quantizes a 2-D float tensor with ggml's reference quantizer of
+    /// `format` (Q8_0, Q4_0 and Q4_1), on its device.
+    pub fn quantize(t: &Tensor, format: QuantFormat) -> Result<QTensor> {
+        let op = "QTensor::quantize";
+        if t.rank() != 2 || !t.dtype().is_float() {
+            return Err(Error::InvalidArgument {
+                op,
+                msg: format!(
+                    "needs a 2-D float tensor, got {:?} {}",
+                    t.shape(),
+                    t.dtype()
+                ),
+            });
+        }
+        byte_len(format, t.shape()[0], t.shape()[1])?;
+        let values: Vec<f32> = t.to_dtype(DType::F32)?.to_vec()?;
+        let bytes = match format {
+            QuantFormat::Q8_0 => crate::quant::quantize_q8_0(&values),
+            QuantFormat::Q4_0 => crate::quant::quantize_q4_0(&values),
+            QuantFormat::Q4_1 => crate::quant::quantize_q4_1(&values),
+            other => {
+                return Err(Error::InvalidArgument {
+                    op,
+                    msg: format!("silica has no quantizer for {other} (it reads them from GGUF)"),
+                });
+            }
+        };
+        QTensor::from_bytes(format, t.shape(), &bytes, t.device())
+    }
+
+    /// Random blocks of `format` (`[rows, cols]`), seeded: random quants,
+    /// and scales drawn so that the values are of order one. For tests and
+    /// benchmarks of the formats silica cannot quantize to.
+    pub fn random(
+        format: QuantFormat,
+        shape: &[usize],
+        seed: u64,
+        device: &Device,
+    ) -> Result<QTensor> {
+        use rand::{Rng, SeedableRng};
+        let len = match shape {
+            &[rows, cols] => byte_len(format, rows, cols)?,
+            _ => 0, // from_bytes reports the shape
+        };
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let mut bytes = vec![0u8; len];
+        rng.fill(&mut bytes[..]);
+        let bb = format.block_bytes();
+        // (byte offset, largest magnitude of the quants times sub-scales)
+        let scales: &[(usize, f32)] = match format {
+            QuantFormat::Q8_0 => &[(0, 127.0)],
+            QuantFormat::Q4_0 => &[(0, 8.0)],
+            QuantFormat::Q4_1 => &[(0, 15.0), (2, -2.0)],
+            QuantFormat::Q5_0 => &[(0, 16.0)],
+            QuantFormat::Q5_1 => &[(0, 31.0), (2, -2.0)],
+            QuantFormat::Q4_K => &[(0, 15.0 * 63.0), (2, 63.0)],
+            QuantFormat::Q5_K => &[(0, 31.0 * 63.0), (2, 63.0)],
+            QuantFormat::Q6_K => &[(208, 32.0 * 127.0)],
+        };
+        for block in bytes.chunks_exact_mut(bb) {
+            for &(at, range) in scales {
+                let v = rng.random_range(0.5f32..1.5) / range;
+                block[at..at + 2].copy_from_slice(&half::f16::from_f32(v).to_le_bytes());
+            }
+        }
+        QTensor::from_bytes(format, shape, &bytes, device)
+    }
+
+    pub fn format(&self) -> QuantFormat {
+        self.format
+    }
+
+    /// `[rows, cols]`.
+    pub fn shape(&self) -> [usize; 2] {
+        [self.rows, self.cols]
+    }
+
+    pub fn device(&self) -> &Device {
+        self.words.device()
+    }
+
+    /// Bytes of the blocks (without the padding to a whole word).
+    pub fn size_in_bytes(&self) -> usize {
+        self.rows * self.format.bytes_for(self.cols)
+    }
+
+    /// The blocks, as in the file.
+    pub fn to_bytes(&self) -> Result<Vec<u8>> {
+        let words: Vec<u32> = self.words.to_vec()?;
+        let mut bytes: Vec<u8> = bytemuck::cast_slice(&words).to_vec();
+        bytes.truncate(self.size_in_bytes());
+        Ok(bytes)
+    }
+
+    /// The matrix decoded to a float tensor of `dtype` on the same device
+    /// (decoded on the host: a reference and a fallback, not a fast path).
+    pub fn dequantize(&self, dtype: DType) -> Result<Tensor> {
+        let values = crate::quant::dequantize(self.format, &self.to_bytes()?);
+        Tensor::from_vec(values, &[self.rows, self.cols], &Device::Cpu)?
+            .to_dtype(dtype)?
+            .to_device(self.device())
+    }
+
+    /// The same blocks on `device`.
+    pub fn to_device(&self, device: &Device) -> Result<QTensor> {
+        if self.device().same(device) {
+            return Ok(self.clone());
+        }
+        QTensor::from_bytes(self.format, &self.shape(), &self.to_bytes()?, device)
+    }
+
+    /// The matrices stacked along the rows, `[Σ rows, cols]` (one format,
+    /// one row length, one device), as one buffer: what fuses the Q/K/V or
+    /// gate/up projections into one product.
+    pub fn cat_rows(parts: &[&QTensor]) -> Result<QTensor> {
+        let op = "QTensor::cat_rows";
+        let Some(first) = parts.first() else {
+            return Err(Error::InvalidArgument {
+                op,
+                msg: "nothing to concatenate".into(),
+            });
+        };
+        let mut bytes = Vec::new();
+        let mut rows = 0;
+        for p in parts {
+            if p.format != first.format || p.cols != first.cols {
+                return Err(Error::InvalidArgument {
+                    op,
+                    msg: format!(
+                        "[{}, {}] {} and [{}, {}] {} differ in format or row length",
+                        first.rows, first.cols, first.format, p.rows, p.cols, p.format
+                    ),
+                });
+            }
+            first.words.same_device(&p.words, op)?;
+            bytes.extend_from_slice(&p.to_bytes()?);
+            rows += p.rows;
+        }
+        QTensor::from_bytes(first.format, &[rows, first.cols], &bytes, first.device())
+    }
+}
+
+impl Tensor {
+    /// `self @ wᵀ` for a quantized weight `w` of shape `[n, k]` stored as
+    /// checkpoints store linear layers: `self` is `[.., k]` (any float
+    /// dtype), the result `[.., n]` in the same dtype. The blocks are
+    /// decoded inside the kernel (GEMV for up to 8 rows, tiled otherwise).
+    pub fn matmul_q(&self, w: &QTensor) -> Result<Tensor> {
+        let op = "matmul_q";
+        self.same_device(&w.words, op)?;
+        let k = self.shape().last().copied().unwrap_or(0);
+        if self.rank() == 0 || k != w.cols {
+            return Err(Error::ShapeMismatch {
+                op,
+                lhs: self.shape().to_vec(),
+                rhs: w.shape().to_vec(),
+                hint: format!(
+                    "x @ wᵀ needs x [.., {}] for w [{}, {}]",
+                    w.cols, w.rows, w.cols
+                ),
+            });
+        }
+        // the kernels read x as contiguous rows whose starts are whole
+        // vec4 words (8 elements covers f32 and the 16-bit types)
+        let x = if self.is_contiguous() && self.layout().offset().is_multiple_of(8) {
+            self.clone()
+        } else {
+            self.copy()?
+        };
+        let mut out_shape = self.shape().to_vec();
+        let last = out_shape.len() - 1;
+        out_shape[last] = w.rows;
+        run(
+            Op::QMatmul { format: w.format },
+            &[&x, &w.words],
+            out_shape,
+            self.dtype(),
+        )
+    }
+}

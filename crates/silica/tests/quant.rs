@@ -1,0 +1,178 @@
+//! Quantized weights (`QTensor`, `Tensor::matmul_q`) against the
+//! dequantize-then-f32 reference: on the CPU and on every GPU adapter, for
+//! every block format, the product with the blocks decoded in the kernel
+//! must match `x @ dequantize(w)ᵀ` computed by the plain f32 matmul; plus
+//! the constructors' checks and the reference quantizers' round trips.
+
+mod common;
+
+use silica::{DType, Device, Error, QTensor, QuantFormat, Tensor};
+
+fn devices() -> Vec<Device> {
+    let mut d = vec![Device::cpu()];
+    d.extend(common::gpu_devices());
+    d
+}
+
+/// max |a - b| / max |b|.
+fn rel_err(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let scale = b.iter().fold(0f64, |m, &v| m.max(f64::from(v).abs()));
+    let worst = a.iter().zip(b).fold(0f64, |m, (&x, &y)| {
+        m.max((f64::from(x) - f64::from(y)).abs())
+    });
+    worst / scale.max(f64::MIN_POSITIVE)
+}
+
+#[test]
+fn matmul_q_matches_the_dequantized_reference() {
+    for dev in devices() {
+        for format in QuantFormat::ALL {
+            for (m, n, k) in [
+                (1, 9, 256),
+                (3, 40, 512),
+                (8, 17, 256),
+                (9, 33, 768),
+                (67, 70, 256),
+            ] {
+                let w = QTensor::random(format, &[n, k], 5, &dev).unwrap();
+                let x = Tensor::randn(&[m, k], DType::F32, 6, &dev).unwrap();
+                let got: Vec<f32> = x.matmul_q(&w).unwrap().to_vec().unwrap();
+                // the reference: blocks decoded on the host, f32 matmul on the CPU
+                let wd = w
+                    .dequantize(DType::F32)
+                    .unwrap()
+                    .to_device(&Device::cpu())
+                    .unwrap();
+                let xc = x.to_device(&Device::cpu()).unwrap();
+                let want: Vec<f32> = xc.matmul(&wd.t().unwrap()).unwrap().to_vec().unwrap();
+                let err = rel_err(&got, &want);
+                assert!(
+                    err <= 1e-5,
+                    "{dev} {format} [{m}, {k}] x [{n}, {k}]: relative error {err:e}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_q_keeps_the_activation_dtype_and_batch_shape() {
+    for dev in devices() {
+        let w = QTensor::random(QuantFormat::Q4_K, &[6, 256], 1, &dev).unwrap();
+        for dtype in DType::FLOATS {
+            let x = Tensor::randn(&[2, 3, 256], dtype, 2, &dev).unwrap();
+            let y = x.matmul_q(&w).unwrap();
+            assert_eq!(
+                (y.shape(), y.dtype()),
+                (&[2usize, 3, 6][..], dtype),
+                "{dev}"
+            );
+            let want = x
+                .to_dtype(DType::F32)
+                .unwrap()
+                .matmul(&w.dequantize(DType::F32).unwrap().t().unwrap())
+                .unwrap();
+            let got: Vec<f32> = y.to_dtype(DType::F32).unwrap().to_vec().unwrap();
+            let want: Vec<f32> = want.to_vec().unwrap();
+            let bound = if dtype == DType::F32 { 1e-5 } else { 1e-2 };
+            assert!(rel_err(&got, &want) <= bound, "{dev} {dtype}");
+        }
+    }
+}
+
+#[test]
+fn quantizers_round_trip_within_the_format_error() {
+    // ggml's reference quantizers on N(0, 1): the worst error of one value
+    // is half a quantization step of its block
+    let dev = Device::cpu();
+    let t = Tensor::randn(&[16, 512], DType::F32, 3, &dev).unwrap();
+    let values: Vec<f32> = t.to_vec().unwrap();
+    for (format, steps) in [
+        (QuantFormat::Q8_0, 254.0f32),
+        (QuantFormat::Q4_0, 15.0),
+        (QuantFormat::Q4_1, 15.0),
+    ] {
+        let q = QTensor::quantize(&t, format).unwrap();
+        assert_eq!(q.size_in_bytes(), 16 * 512 / 32 * format.block_bytes());
+        let back: Vec<f32> = q.dequantize(DType::F32).unwrap().to_vec().unwrap();
+        for (block, (a, b)) in values.chunks(32).zip(back.chunks(32)).enumerate() {
+            let amax = a.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let range = if format == QuantFormat::Q4_1 {
+                a.iter().fold(f32::MIN, |m, &v| m.max(v))
+                    - a.iter().fold(f32::MAX, |m, &v| m.min(v))
+            } else {
+                2.0 * amax
+            };
+            let step = range / steps;
+            for (x, y) in a.iter().zip(b) {
+                // Q4_0's scale maps the largest value to -8, so one side
+                // of the range is a step wider
+                assert!(
+                    (x - y).abs() <= step * 1.01 + 1e-6,
+                    "{format} block {block}: {x} came back as {y} (step {step})"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn blocks_survive_transfers_and_concatenation() {
+    let cpu = Device::cpu();
+    for dev in devices() {
+        let a = QTensor::random(QuantFormat::Q6_K, &[3, 512], 7, &cpu).unwrap();
+        let b = QTensor::random(QuantFormat::Q6_K, &[2, 512], 8, &cpu).unwrap();
+        let (da, db) = (a.to_device(&dev).unwrap(), b.to_device(&dev).unwrap());
+        let cat = QTensor::cat_rows(&[&da, &db]).unwrap();
+        assert_eq!(cat.shape(), [5, 512]);
+        let mut bytes = a.to_bytes().unwrap();
+        bytes.extend(b.to_bytes().unwrap());
+        assert_eq!(cat.to_bytes().unwrap(), bytes, "{dev}");
+    }
+}
+
+#[test]
+fn bad_input_is_an_error() {
+    let dev = Device::cpu();
+    let f = QuantFormat::Q4_0;
+    // rows of partial blocks, wrong byte count, wrong rank
+    assert!(matches!(
+        QTensor::from_bytes(f, &[2, 40], &[0; 90], &dev),
+        Err(Error::InvalidArgument { .. })
+    ));
+    assert!(matches!(
+        QTensor::from_bytes(f, &[2, 64], &[0; 71], &dev),
+        Err(Error::InvalidArgument { .. })
+    ));
+    assert!(matches!(
+        QTensor::from_bytes(f, &[64], &[0; 36], &dev),
+        Err(Error::InvalidArgument { .. })
+    ));
+    // sizes whose byte count overflows
+    assert!(QTensor::from_bytes(f, &[usize::MAX / 2, 64], &[], &dev).is_err());
+    // no quantizer for the K-quants
+    let t = Tensor::zeros(&[2, 256], DType::F32, &dev).unwrap();
+    assert!(QTensor::quantize(&t, QuantFormat::Q4_K).is_err());
+    // mismatched inner dimension
+    let w = QTensor::random(f, &[4, 64], 1, &dev).unwrap();
+    let x = Tensor::zeros(&[2, 32], DType::F32, &dev).unwrap();
+    assert!(matches!(x.matmul_q(&w), Err(Error::ShapeMismatch { .. })));
+    // integer activations
+    let xi = Tensor::zeros(&[2, 64], DType::U32, &dev).unwrap();
+    assert!(matches!(
+        xi.matmul_q(&w),
+        Err(Error::UnsupportedDType { .. })
+    ));
+    // concatenating different formats
+    let w2 = QTensor::random(QuantFormat::Q8_0, &[4, 64], 1, &dev).unwrap();
+    assert!(QTensor::cat_rows(&[&w, &w2]).is_err());
+    if let Some(gpu) = common::first_gpu() {
+        let wg = w.to_device(&gpu).unwrap();
+        let xz = Tensor::zeros(&[2, 64], DType::F32, &dev).unwrap();
+        assert!(matches!(
+            xz.matmul_q(&wg),
+            Err(Error::DeviceMismatch { .. })
+        ));
+    }
+}
