@@ -7,7 +7,7 @@ use std::time::Instant;
 use silica::{DType, Device};
 use silica_models::chat::{ChatTemplate, Message};
 use silica_models::gguf::GgufFile;
-use silica_models::llama::Llama;
+use silica_models::llama::{Llama, LoadOptions};
 use silica_models::resolve;
 use silica_models::sampling::{Sampler, SamplingParams};
 use silica_models::tokenizer::Tokenizer;
@@ -54,9 +54,13 @@ pub struct GenerateArgs {
     /// cpu, gpu, gpu:N, metal, vulkan, dx12, gl or part of an adapter's name [default: SILICA_DEVICE, else the best GPU, else the CPU]
     #[arg(long, value_name = "SEL")]
     device: Option<String>,
-    /// Compute dtype of the weights and activations: f32, f16 or bf16.
+    /// Compute dtype of the activations and of unquantized weights: f32, f16 or bf16.
     #[arg(long, default_value = "f32")]
     dtype: String,
+    /// Decode quantized weights to --dtype at load instead of keeping them
+    /// quantized on the device (more memory; the reference path).
+    #[arg(long)]
+    dequantize: bool,
 }
 
 pub fn parse_dtype(s: &str) -> Result<DType, CliError> {
@@ -83,7 +87,11 @@ pub fn run(args: &GenerateArgs) -> Result<(), CliError> {
     let load_start = Instant::now();
     let gguf = GgufFile::open(&path)?;
     let tokenizer = Tokenizer::from_gguf(&gguf)?;
-    let model = Llama::load(&gguf, &device, dtype)?;
+    let opts = LoadOptions {
+        dtype,
+        dequantize: args.dequantize,
+    };
+    let model = Llama::load_with(&gguf, &device, opts)?;
     let model_name = gguf
         .get("general.name")
         .and_then(|v| v.as_str())

@@ -1,7 +1,9 @@
 //! Llama-family decoders (Llama 2/3, Mistral, Qwen2, SmolLM) from GGUF.
 //!
-//! Weights are dequantized at load into the compute dtype (quantized
-//! storage on the device is a later step). The forward pass uses silica's
+//! Matrices stored in a GGML block format stay in it on the device and are
+//! decoded inside the matmul kernels (`QTensor`, `Tensor::matmul_q`); the
+//! other weights are converted to the compute dtype at load
+//! (`LoadOptions::dequantize` decodes everything at load instead). The forward pass uses silica's
 //! fused ops (RMSNorm, RoPE, attention, SwiGLU) and runs on every device;
 //! the Q/K/V projections and the gate/up projections are each one matmul
 //! over weights concatenated at load. The KV cache is a pair of device
@@ -10,9 +12,10 @@
 use std::path::Path;
 
 pub use silica::RopeStyle;
-use silica::{AttentionOpts, DType, Device, Tensor};
+use silica::{AttentionOpts, DType, Device, QTensor, QuantFormat, Tensor};
 
 use crate::gguf::GgufFile;
+use crate::quant;
 use crate::{Error, Result};
 
 /// The shape of a model, read from GGUF metadata.
@@ -128,14 +131,76 @@ impl LlamaConfig {
     }
 }
 
+/// A linear layer's weight `[out, in]`: a float tensor, or blocks kept
+/// quantized on the device.
+enum Weight {
+    Dense(Tensor),
+    Quant(QTensor),
+}
+
+impl Weight {
+    /// `x @ wᵀ`.
+    fn apply(&self, x: &Tensor) -> silica::Result<Tensor> {
+        match self {
+            Weight::Dense(w) => x.matmul(&w.t()?),
+            Weight::Quant(w) => x.matmul_q(w),
+        }
+    }
+}
+
+/// Projections of one input whose outputs are used side by side (Q, K and
+/// V; gate and up): one product over the rows stacked at load when the
+/// weights share a storage format, one product per part otherwise (mixed
+/// formats, as in Q4_K_M files).
+enum Stacked {
+    Fused(Weight, Vec<usize>),
+    Split(Vec<Weight>),
+}
+
+impl Stacked {
+    /// The outputs of the parts, `[t, rows of part]` each.
+    fn apply(&self, x: &Tensor) -> silica::Result<Vec<Tensor>> {
+        match self {
+            Stacked::Split(parts) => parts.iter().map(|w| w.apply(x)).collect(),
+            Stacked::Fused(w, sizes) => {
+                let y = w.apply(x)?;
+                let mut at = 0;
+                sizes
+                    .iter()
+                    .map(|&n| {
+                        at += n;
+                        y.narrow(-1, at - n, n)
+                    })
+                    .collect()
+            }
+        }
+    }
+}
+
 struct Layer {
     attn_norm: Tensor,    // [d]
-    wqkv: Tensor,         // [(heads + 2 * kv_heads) * hd, d]: Q, K and V stacked
+    qkv: Stacked,         // Q [heads * hd, d], K and V [kv_heads * hd, d]
     bqkv: Option<Tensor>, // [(heads + 2 * kv_heads) * hd]
-    wo: Tensor,           // [d, heads * hd]
+    wo: Weight,           // [d, heads * hd]
     ffn_norm: Tensor,     // [d]
-    w_gate_up: Tensor,    // [2 * ffn, d]: gate, then up
-    w_down: Tensor,       // [d, ffn]
+    gate_up: Stacked,     // gate, up [ffn, d]
+    w_down: Weight,       // [d, ffn]
+}
+
+/// The token embedding: float rows, or quantized rows decoded on lookup.
+enum Embedding {
+    Dense(Tensor),
+    Quant(QTensor),
+}
+
+/// How [`Llama::load_with`] places the weights.
+#[derive(Clone, Copy, Debug)]
+pub struct LoadOptions {
+    /// Compute dtype of activations and of float weights: f32, f16 or bf16.
+    pub dtype: DType,
+    /// Decode quantized weights to `dtype` at load instead of keeping them
+    /// quantized on the device (the reference path; uses 4-8x the memory).
+    pub dequantize: bool,
 }
 
 /// A loaded decoder.
@@ -143,10 +208,10 @@ pub struct Llama {
     pub config: LlamaConfig,
     device: Device,
     dtype: DType,
-    embed: Tensor, // [vocab, d]
+    embed: Embedding, // [vocab, d]
     layers: Vec<Layer>,
     out_norm: Tensor, // [d]
-    lm_head: Tensor,  // [vocab, d] (the embedding when tied)
+    lm_head: Weight,  // [vocab, d] (the embedding when tied)
 }
 
 /// Keys and values of the positions seen so far, per layer: `[capacity,
@@ -174,92 +239,174 @@ impl KvCache {
 /// Rows of the first cache allocation; the cache doubles from there.
 const CACHE_START: usize = 256;
 
-fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
-    let y = x.matmul(&w.t()?)?;
-    Ok(match b {
-        Some(b) => y.add(b)?,
-        None => y,
-    })
-}
-
 impl Llama {
-    /// Loads a GGUF decoder onto `device`, dequantizing weights to `dtype`.
+    /// Loads a GGUF decoder onto `device` with activations in `dtype`,
+    /// keeping quantized weights quantized (see [`LoadOptions`]).
     pub fn load(f: &GgufFile, device: &Device, dtype: DType) -> Result<Self> {
+        Self::load_with(
+            f,
+            device,
+            LoadOptions {
+                dtype,
+                dequantize: false,
+            },
+        )
+    }
+
+    /// Loads a GGUF decoder onto `device`. Matrices stored in a block
+    /// format silica computes with (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K,
+    /// Q5_K, Q6_K) go to the device as they are in the file unless
+    /// `opts.dequantize`; the rest (f32/f16/bf16 matrices, norms, biases)
+    /// are converted to `opts.dtype`.
+    pub fn load_with(f: &GgufFile, device: &Device, opts: LoadOptions) -> Result<Self> {
+        let dtype = opts.dtype;
         let config = LlamaConfig::from_gguf(f)?;
-        let get = |name: &str| -> Result<Tensor> {
-            let (shape, values) = f.dequantize(name)?;
-            let t = Tensor::from_vec(values, &shape, &Device::cpu())?.to_dtype(dtype)?;
+        let info = |name: &str| {
+            f.tensor_info(name).ok_or_else(|| Error::Missing {
+                path: f.path().to_path_buf(),
+                what: format!("tensor '{name}'"),
+            })
+        };
+        let bad_shape = |name: &str, got: &[usize], shape: &[usize]| Error::Format {
+            path: f.path().to_path_buf(),
+            offset: f.tensor_info(name).map_or(0, |i| i.offset),
+            msg: format!("tensor {name} has shape {got:?}, expected {shape:?}"),
+        };
+        let get = |name: &str, shape: &[usize]| -> Result<Tensor> {
+            let (got, values) = f.dequantize(name)?;
+            if got != shape {
+                return Err(bad_shape(name, &got, shape));
+            }
+            let t = Tensor::from_vec(values, &got, &Device::cpu())?.to_dtype(dtype)?;
             Ok(t.to_device(device)?)
         };
-        let opt = |name: &str| -> Result<Option<Tensor>> {
+        let opt = |name: &str, shape: &[usize]| -> Result<Option<Tensor>> {
             if f.tensor_info(name).is_some() {
-                get(name).map(Some)
+                get(name, shape).map(Some)
             } else {
                 Ok(None)
             }
         };
-        let (d, hd) = (config.d_model, config.head_dim);
-        let expect = |t: Tensor, name: &str, shape: &[usize]| -> Result<Tensor> {
-            if t.shape() != shape {
-                return Err(Error::Format {
-                    path: f.path().to_path_buf(),
-                    offset: f.tensor_info(name).map_or(0, |i| i.offset),
-                    msg: format!(
-                        "tensor {name} has shape {:?}, expected {shape:?}",
-                        t.shape()
-                    ),
-                });
+        // the blocks of a matrix kept quantized: (format, bytes)
+        let blocks = |name: &str, shape: &[usize]| -> Result<Option<(QuantFormat, &[u8])>> {
+            let i = info(name)?;
+            match quant::quant_format(i.ggml_type) {
+                Some(fmt) if !opts.dequantize && shape[1].is_multiple_of(fmt.block_elems()) => {
+                    if i.shape() != shape {
+                        return Err(bad_shape(name, &i.shape(), shape));
+                    }
+                    Ok(Some((fmt, f.tensor_bytes(i))))
+                }
+                _ => Ok(None),
             }
-            Ok(t)
         };
+        let weight = |name: &str, shape: &[usize]| -> Result<Weight> {
+            Ok(match blocks(name, shape)? {
+                Some((fmt, bytes)) => {
+                    Weight::Quant(QTensor::from_bytes(fmt, shape, bytes, device)?)
+                }
+                None => Weight::Dense(get(name, shape)?),
+            })
+        };
+        // parts stacked into one matrix when they share a format (the
+        // blocks concatenated on the host, one upload)
+        let stacked = |names: &[(String, usize)], d: usize| -> Result<Stacked> {
+            let sizes: Vec<usize> = names.iter().map(|(_, n)| *n).collect();
+            let parts: Vec<Option<(QuantFormat, &[u8])>> = names
+                .iter()
+                .map(|(name, n)| blocks(name, &[*n, d]))
+                .collect::<Result<_>>()?;
+            let rows: usize = sizes.iter().sum();
+            if parts.iter().all(Option::is_none) {
+                let dense: Vec<Tensor> = names
+                    .iter()
+                    .map(|(name, n)| get(name, &[*n, d]))
+                    .collect::<Result<_>>()?;
+                let refs: Vec<&Tensor> = dense.iter().collect();
+                return Ok(Stacked::Fused(Weight::Dense(Tensor::cat(&refs, 0)?), sizes));
+            }
+            let first = parts[0].map(|(fmt, _)| fmt);
+            if parts.iter().all(|p| p.map(|(fmt, _)| fmt) == first)
+                && let Some(fmt) = first
+            {
+                let mut bytes = Vec::with_capacity(fmt.bytes_for(rows * d));
+                for (_, b) in parts.iter().flatten() {
+                    bytes.extend_from_slice(b);
+                }
+                let w = QTensor::from_bytes(fmt, &[rows, d], &bytes, device)?;
+                return Ok(Stacked::Fused(Weight::Quant(w), sizes));
+            }
+            Ok(Stacked::Split(
+                names
+                    .iter()
+                    .map(|(name, n)| weight(name, &[*n, d]))
+                    .collect::<Result<_>>()?,
+            ))
+        };
+        let d = config.d_model;
+        let (qd, kvd) = (
+            config.n_heads * config.head_dim,
+            config.n_kv_heads * config.head_dim,
+        );
         let mut layers = Vec::with_capacity(config.n_layers);
         for i in 0..config.n_layers {
             let n = |s: &str| format!("blk.{i}.{s}");
-            let w = |s: &str, shape: &[usize]| expect(get(&n(s))?, &n(s), shape);
-            let (qd, kvd) = (config.n_heads * hd, config.n_kv_heads * hd);
-            let wq = w("attn_q.weight", &[qd, d])?;
-            let wk = w("attn_k.weight", &[kvd, d])?;
-            let wv = w("attn_v.weight", &[kvd, d])?;
             let biases = [
-                opt(&n("attn_q.bias"))?,
-                opt(&n("attn_k.bias"))?,
-                opt(&n("attn_v.bias"))?,
+                opt(&n("attn_q.bias"), &[qd])?,
+                opt(&n("attn_k.bias"), &[kvd])?,
+                opt(&n("attn_v.bias"), &[kvd])?,
             ];
             let bqkv = match biases {
                 [None, None, None] => None,
                 [bq, bk, bv] => {
                     // a missing bias of the three is zero
                     let or_zero = |b: Option<Tensor>, len: usize| match b {
-                        Some(b) => expect(b, "attention bias", &[len]),
+                        Some(b) => Ok::<_, Error>(b),
                         None => Ok(Tensor::zeros(&[len], dtype, device)?),
                     };
                     let parts = [or_zero(bq, qd)?, or_zero(bk, kvd)?, or_zero(bv, kvd)?];
                     Some(Tensor::cat(&[&parts[0], &parts[1], &parts[2]], 0)?)
                 }
             };
-            let w_gate = w("ffn_gate.weight", &[config.ffn_dim, d])?;
-            let w_up = w("ffn_up.weight", &[config.ffn_dim, d])?;
+            let qkv = stacked(
+                &[
+                    (n("attn_q.weight"), qd),
+                    (n("attn_k.weight"), kvd),
+                    (n("attn_v.weight"), kvd),
+                ],
+                d,
+            )?;
+            let gate_up = stacked(
+                &[
+                    (n("ffn_gate.weight"), config.ffn_dim),
+                    (n("ffn_up.weight"), config.ffn_dim),
+                ],
+                d,
+            )?;
             layers.push(Layer {
-                attn_norm: w("attn_norm.weight", &[d])?,
-                wqkv: Tensor::cat(&[&wq, &wk, &wv], 0)?,
+                attn_norm: get(&n("attn_norm.weight"), &[d])?,
+                qkv,
                 bqkv,
-                wo: w("attn_output.weight", &[d, qd])?,
-                ffn_norm: w("ffn_norm.weight", &[d])?,
-                w_gate_up: Tensor::cat(&[&w_gate, &w_up], 0)?,
-                w_down: w("ffn_down.weight", &[d, config.ffn_dim])?,
+                wo: weight(&n("attn_output.weight"), &[d, qd])?,
+                ffn_norm: get(&n("ffn_norm.weight"), &[d])?,
+                gate_up,
+                w_down: weight(&n("ffn_down.weight"), &[d, config.ffn_dim])?,
             });
         }
-        let embed = expect(
-            get("token_embd.weight")?,
-            "token_embd.weight",
-            &[config.vocab_size, d],
-        )?;
-        let lm_head = match opt("output.weight")? {
-            Some(t) => expect(t, "output.weight", &[config.vocab_size, d])?,
-            None => embed.clone(),
+        let vocab = [config.vocab_size, d];
+        let embed = match blocks("token_embd.weight", &vocab)? {
+            Some((fmt, bytes)) => {
+                Embedding::Quant(QTensor::from_bytes(fmt, &vocab, bytes, device)?)
+            }
+            None => Embedding::Dense(get("token_embd.weight", &vocab)?),
+        };
+        let lm_head = match (f.tensor_info("output.weight"), &embed) {
+            (Some(_), _) => weight("output.weight", &vocab)?,
+            (None, Embedding::Dense(t)) => Weight::Dense(t.clone()),
+            (None, Embedding::Quant(q)) => Weight::Quant(q.clone()),
         };
         Ok(Self {
-            out_norm: expect(get("output_norm.weight")?, "output_norm.weight", &[d])?,
+            out_norm: get("output_norm.weight", &[d])?,
             config,
             device: device.clone(),
             dtype,
@@ -386,17 +533,26 @@ impl Llama {
             _ => unreachable!("a reserved cache has rope tables"),
         };
         let ids_t = Tensor::from_slice(ids, &[t], &self.device)?;
-        let mut x = self.embed.index_select(0, &ids_t)?; // [t, d]
+        let mut x = match &self.embed {
+            Embedding::Dense(t) => t.index_select(0, &ids_t)?,
+            Embedding::Quant(q) => q.embedding(&ids_t, self.dtype)?,
+        }; // [t, d]
         let eps = c.rms_eps as f32;
         let opts = AttentionOpts::causal(hd);
         for (li, l) in self.layers.iter().enumerate() {
             let hn = x.rms_norm(&l.attn_norm, eps)?;
-            let qkv = linear(&hn, &l.wqkv, l.bqkv.as_ref())?; // [t, (h + 2 kvh) * hd]
-            let q = qkv.narrow(1, 0, h * hd)?.reshape(&[t, h, hd])?;
-            let k = qkv.narrow(1, h * hd, kvh * hd)?.reshape(&[t, kvh, hd])?;
-            let v = qkv
-                .narrow(1, (h + kvh) * hd, kvh * hd)?
-                .reshape(&[t, kvh, hd])?;
+            let mut qkv = l.qkv.apply(&hn)?;
+            if let Some(b) = &l.bqkv {
+                let mut at = 0;
+                for part in qkv.iter_mut() {
+                    let n = part.shape()[1];
+                    *part = part.add(&b.narrow(0, at, n)?)?;
+                    at += n;
+                }
+            }
+            let q = qkv[0].reshape(&[t, h, hd])?;
+            let k = qkv[1].reshape(&[t, kvh, hd])?;
+            let v = qkv[2].reshape(&[t, kvh, hd])?;
             let q = q.rope(&cos, &sin, c.rope_style)?;
             let k = k.rope(&cos, &sin, c.rope_style)?;
             // rows past `len` are not part of the cache until the step succeeds
@@ -407,18 +563,16 @@ impl Llama {
             let att = q
                 .attention(&k_all, &v_all, None, opts)?
                 .reshape(&[t, h * hd])?;
-            x = x.add(&linear(&att, &l.wo, None)?)?;
+            x = x.add(&l.wo.apply(&att)?)?;
 
             let hn = x.rms_norm(&l.ffn_norm, eps)?;
-            let gate_up = linear(&hn, &l.w_gate_up, None)?; // [t, 2 * ffn]
-            let gate = gate_up.narrow(1, 0, c.ffn_dim)?;
-            let up = gate_up.narrow(1, c.ffn_dim, c.ffn_dim)?;
-            x = x.add(&linear(&gate.swiglu(&up)?, &l.w_down, None)?)?;
+            let gate_up = l.gate_up.apply(&hn)?; // gate, up: [t, ffn] each
+            x = x.add(&l.w_down.apply(&gate_up[0].swiglu(&gate_up[1])?)?)?;
         }
         cache.len = total;
         let x = if last_only { x.narrow(0, t - 1, 1)? } else { x };
         let x = x.rms_norm(&self.out_norm, eps)?;
         // logits leave in f32 whatever the compute dtype: sampling reads them on the host
-        Ok(linear(&x, &self.lm_head, None)?.to_dtype(DType::F32)?)
+        Ok(self.lm_head.apply(&x)?.to_dtype(DType::F32)?)
     }
 }

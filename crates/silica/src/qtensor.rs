@@ -252,6 +252,40 @@ impl QTensor {
     }
 }
 
+impl QTensor {
+    /// Rows `ids` (1-D, `U32` or `I64`) of the matrix, decoded to `dtype`:
+    /// `[ids.len(), cols]`, the embedding lookup of a quantized table. An id
+    /// outside the rows is an error on the CPU and gives a row of zeros on a
+    /// GPU, as with [`Tensor::index_select`].
+    pub fn embedding(&self, ids: &Tensor, dtype: DType) -> Result<Tensor> {
+        let op = "embedding_q";
+        self.words.same_device(ids, op)?;
+        if ids.rank() != 1 || !matches!(ids.dtype(), DType::U32 | DType::I64) {
+            return Err(Error::InvalidArgument {
+                op,
+                msg: format!(
+                    "ids must be 1-D u32 or i64, not {:?} {}",
+                    ids.shape(),
+                    ids.dtype()
+                ),
+            });
+        }
+        if !dtype.is_float() {
+            return Err(Error::UnsupportedDType { op, dtype });
+        }
+        let ids = ids.to_dtype(DType::U32)?.contiguous()?;
+        run(
+            Op::QRows {
+                format: self.format,
+                k: self.cols,
+            },
+            &[&ids, &self.words],
+            vec![ids.numel(), self.cols],
+            dtype,
+        )
+    }
+}
+
 impl Tensor {
     /// `self @ wᵀ` for a quantized weight `w` of shape `[n, k]` stored as
     /// checkpoints store linear layers: `self` is `[.., k]` (any float

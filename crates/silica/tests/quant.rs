@@ -133,6 +133,38 @@ fn blocks_survive_transfers_and_concatenation() {
 }
 
 #[test]
+fn embedding_rows_match_the_dequantized_table() {
+    for dev in devices() {
+        for format in QuantFormat::ALL {
+            let w = QTensor::random(format, &[11, 512], 9, &dev).unwrap();
+            let table = w.dequantize(DType::F32).unwrap();
+            let ids = Tensor::from_slice(&[3u32, 0, 10, 3], &[4], &dev).unwrap();
+            for dtype in DType::FLOATS {
+                let got = w.embedding(&ids, dtype).unwrap();
+                assert_eq!((got.shape(), got.dtype()), (&[4usize, 512][..], dtype));
+                let want = table
+                    .index_select(0, &ids)
+                    .unwrap()
+                    .to_dtype(dtype)
+                    .unwrap();
+                let (got, want): (Vec<f32>, Vec<f32>) = (
+                    got.to_dtype(DType::F32).unwrap().to_vec().unwrap(),
+                    want.to_dtype(DType::F32).unwrap().to_vec().unwrap(),
+                );
+                assert_eq!(got, want, "{dev} {format} {dtype}");
+            }
+        }
+        // an id past the table: an error on the CPU, zeros on a GPU
+        let w = QTensor::random(QuantFormat::Q8_0, &[2, 32], 1, &dev).unwrap();
+        let ids = Tensor::from_slice(&[2u32], &[1], &dev).unwrap();
+        match (&dev, w.embedding(&ids, DType::F32)) {
+            (Device::Cpu, r) => assert!(matches!(r, Err(Error::IndexOutOfRange { .. }))),
+            (_, r) => assert_eq!(r.unwrap().to_vec::<f32>().unwrap(), vec![0.0; 32]),
+        }
+    }
+}
+
+#[test]
 fn bad_input_is_an_error() {
     let dev = Device::cpu();
     let f = QuantFormat::Q4_0;

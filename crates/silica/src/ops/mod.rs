@@ -44,6 +44,9 @@ pub enum Op {
     /// contiguous from a multiple of 8 elements, `w` the blocks as a flat
     /// `U32` tensor (see [`crate::QTensor`]).
     QMatmul { format: QuantFormat },
+    /// Rows of a quantized matrix with rows of `k` values, decoded; inputs
+    /// `[ids, w]`, `ids` contiguous `U32`, `w` the blocks as for `QMatmul`.
+    QRows { format: QuantFormat, k: usize },
     /// Conversion to the output dtype.
     Cast,
     /// A contiguous copy of a strided view (bitwise, any dtype).
@@ -77,6 +80,7 @@ impl Op {
             Op::Softmax { log: true } => "log_softmax",
             Op::Matmul => "matmul",
             Op::QMatmul { .. } => "matmul_q",
+            Op::QRows { .. } => "embedding_q",
             Op::Cast => "to_dtype",
             Op::Copy => "contiguous",
             Op::Cat { .. } => "cat",
@@ -102,6 +106,10 @@ impl Op {
         ops.push(Op::QMatmul {
             format: QuantFormat::Q4_0,
         });
+        ops.push(Op::QRows {
+            format: QuantFormat::Q4_0,
+            k: 32,
+        });
         ops.push(Op::Cast);
         ops.push(Op::Copy);
         ops.push(Op::Cat { axis: 0 });
@@ -122,6 +130,7 @@ impl Op {
     pub fn accepts(&self, dtype: DType) -> bool {
         match self {
             Op::Cast | Op::Copy | Op::Cat { .. } | Op::IndexSelect { .. } | Op::Where => true,
+            Op::QRows { .. } => dtype == DType::U32,
             _ => dtype.is_float(),
         }
     }

@@ -44,6 +44,7 @@ impl Backend for CpuBackend {
             Op::Reduce(r) => reduce::reduce(r, inputs[0], out_dtype),
             Op::Softmax { log } => reduce::softmax(inputs[0], log, out_dtype),
             Op::Matmul => matmul::matmul(inputs[0], inputs[1], out_shape, out_dtype),
+            Op::QRows { format, k } => qmatmul::qrows(format, inputs[0], inputs[1], k, out_dtype)?,
             Op::QMatmul { format } => {
                 qmatmul::qmatmul(format, inputs[0], inputs[1], out_shape, out_dtype)
             }

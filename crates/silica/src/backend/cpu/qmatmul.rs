@@ -14,7 +14,7 @@ use super::host;
 use super::matmul::{Operand, gemm_f32};
 use crate::quant::QuantFormat;
 use crate::storage::CpuStorage;
-use crate::{DType, Tensor};
+use crate::{DType, Error, Result, Tensor};
 
 /// Rows of x up to which the block-dot path is used.
 const DOT_MAX_M: usize = 8;
@@ -81,6 +81,36 @@ pub fn qmatmul(
         }
     }
     CpuStorage::from_f32(result, out)
+}
+
+/// Rows `ids` of the quantized matrix `w` (rows of `k` values), decoded.
+pub fn qrows(
+    format: QuantFormat,
+    ids: &Tensor,
+    w: &Tensor,
+    k: usize,
+    out: DType,
+) -> Result<CpuStorage> {
+    let wb: &[u8] = host(w).as_bytes();
+    let row_bytes = format.bytes_for(k);
+    let rows = wb.len() / row_bytes.max(1);
+    let ids: Vec<u32> = host(ids)
+        .gather(ids.layout())
+        .into_vec()
+        .unwrap_or_default();
+    let mut result = vec![0f32; ids.len() * k];
+    for (&id, dst) in ids.iter().zip(result.chunks_exact_mut(k.max(1))) {
+        let id = id as usize;
+        if id >= rows {
+            return Err(Error::IndexOutOfRange {
+                op: "embedding_q",
+                index: id as i64,
+                size: rows,
+            });
+        }
+        format.decode_into(&wb[id * row_bytes..(id + 1) * row_bytes], dst);
+    }
+    Ok(CpuStorage::from_f32(result, out))
 }
 
 /// `dst[r] = x[r] · row` for each of the `dst.len()` rows of `xs` (`k`

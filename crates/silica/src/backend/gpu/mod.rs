@@ -202,6 +202,7 @@ impl GpuDevice {
             Op::Copy | Op::Cat { .. } | Op::IndexSelect { .. } | Op::Cast | Op::Where => true,
             // float activations, the blocks as words
             Op::QMatmul { .. } => dtypes.first().is_some_and(|d| d.is_float()),
+            Op::QRows { .. } => true,
             _ => dtypes.iter().all(|d| d.is_float()),
         }
     }
@@ -256,6 +257,9 @@ impl GpuDevice {
             Op::Reduce(r) => reduce::reduce(c, r, inputs[0], &out, out_dtype)?,
             Op::Softmax { log } => reduce::softmax(c, log, inputs[0], &out, out_dtype)?,
             Op::Matmul => matmul::matmul(c, inputs[0], inputs[1], out_shape, &out, out_dtype)?,
+            Op::QRows { format, k } => {
+                qmatmul::qrows(c, format, inputs[0], inputs[1], k, &out, out_dtype)?
+            }
             Op::QMatmul { format } => {
                 qmatmul::qmatmul(c, format, inputs[0], inputs[1], out_shape, &out, out_dtype)?
             }

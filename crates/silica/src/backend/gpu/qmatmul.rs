@@ -34,6 +34,63 @@ pub(crate) static QMATMUL: Kernel = Kernel {
     trusted: true,
 };
 
+pub(crate) static QROWS: Kernel = Kernel {
+    name: "qrows",
+    source: concat!(
+        include_str!("common.wgsl"),
+        include_str!("qrows.wgsl"),
+        include_str!("quant_blocks.wgsl")
+    ),
+    inputs: 2,
+    trusted: false,
+};
+
+/// Rows `ids` (contiguous u32) of the quantized matrix `w` with rows of
+/// `k` values, decoded into `out` (`[ids, k]` of `out_dtype`).
+pub(crate) fn qrows(
+    ctx: &Context,
+    format: QuantFormat,
+    ids: &Tensor,
+    w: &Tensor,
+    k: usize,
+    out: &GpuBuffer,
+    out_dtype: DType,
+) -> Result<()> {
+    let row_bytes = format.bytes_for(k);
+    let rows = (w.numel() * 4) / row_bytes.max(1);
+    let threads = ids.numel() * k / 8;
+    let groups = threads.div_ceil(256);
+    let max = ctx.max_groups() as usize;
+    let grid = [groups.min(max), groups.div_ceil(max), 1];
+    if grid[1] > max {
+        return Err(Error::NotSupported {
+            op: "embedding_q",
+            reason: format!("grid {grid:?} exceeds the adapter's workgroup limit"),
+        });
+    }
+    let header = [
+        to_u32(ids.numel(), "ids")?,
+        to_u32(k, "K")?,
+        to_u32(row_bytes, "row bytes")?,
+        to_u32(rows, "rows")?,
+        to_u32(ids.layout().offset(), "offset")?,
+        0,
+        0,
+        0,
+    ];
+    ctx.dispatch(
+        &QROWS,
+        &[
+            ("FMT", format.gpu_code() as f64),
+            ("OUT_DT", out_dtype.gpu_code() as f64),
+        ],
+        bytemuck::cast_slice(&header),
+        &[buffer(ids), buffer(w)],
+        out.raw(),
+        [grid[0] as u32, grid[1] as u32, 1],
+    )
+}
+
 /// Rows of x up to which the GEMV kernel is used.
 const GEMV_MAX_M: usize = 8;
 
@@ -130,6 +187,13 @@ fn constants(
 pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)>)> {
     let mut out = Vec::new();
     for format in QuantFormat::ALL {
+        for o in [DType::F32, DType::F16, DType::BF16] {
+            let c = vec![
+                ("FMT", format.gpu_code() as f64),
+                ("OUT_DT", o.gpu_code() as f64),
+            ];
+            out.push((&QROWS, c));
+        }
         for dt in [DType::F32, DType::F16, DType::BF16] {
             let outs = if dt == DType::F32 {
                 vec![dt]
