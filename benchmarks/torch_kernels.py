@@ -29,6 +29,11 @@ def build(kind, dtype, dev):
     if op == "Linear":
         a, w = rnd(kind["m"], kind["k"]), rnd(kind["n"], kind["k"])
         return lambda: F.linear(a, w)
+    if op == "QLinear":
+        # PyTorch has no GGML block kernels: its peer is the same product
+        # with a dense weight of the compute dtype
+        a, w = rnd(kind["m"], kind["k"]), rnd(kind["n"], kind["k"])
+        return lambda: F.linear(a, w)
     if op == "Matmul":
         a, b = rnd(kind["m"], kind["k"]), rnd(kind["k"], kind["n"])
         return lambda: a @ b

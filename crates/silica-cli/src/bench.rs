@@ -1,7 +1,8 @@
 //! `silica bench`: the kernels transformers spend their time in, on fixed
 //! shapes (the projections of 135M, 1B and 7B Llama models at decode and at
 //! a 512-token prefill, square matmuls, rows of norms and softmax,
-//! attention), plus the dispatch cost of small ops and a device-to-device
+//! attention, and `x @ wᵀ` with quantized weights at 1B/7B decode and 1B
+//! prefill), plus the dispatch cost of small ops and a device-to-device
 //! copy as the bandwidth yardstick.
 //!
 //! Times are per call, averaged over enough calls to fill about
@@ -15,7 +16,7 @@
 use std::fmt::Write as _;
 use std::time::Instant;
 
-use silica::{AttentionOpts, DType, Device, RopeStyle, Tensor};
+use silica::{AttentionOpts, DType, Device, QTensor, QuantFormat, RopeStyle, Tensor};
 
 use crate::{CliError, emit};
 
@@ -46,6 +47,14 @@ pub struct BenchArgs {
 enum Kind {
     /// `x [m, k] @ w [n, k]ᵀ`, the weight stored row-major as in checkpoints.
     Linear {
+        m: usize,
+        n: usize,
+        k: usize,
+    },
+    /// `x [m, k] @ w [n, k]ᵀ` with `w` quantized (blocks decoded in the
+    /// kernel); its GB/s count the quantized bytes.
+    QLinear {
+        format: QuantFormat,
         m: usize,
         n: usize,
         k: usize,
@@ -116,6 +125,29 @@ fn cases(large: bool, cpu: bool) -> Vec<Case> {
                     format!("linear {model} {phase} {proj} {m}x{n}x{k}"),
                     Kind::Linear { m, n, k },
                 );
+            }
+        }
+    }
+    // quantized weights at 1B and 7B decode, and 1B prefill
+    for format in [
+        QuantFormat::Q4_0,
+        QuantFormat::Q4_1,
+        QuantFormat::Q8_0,
+        QuantFormat::Q4_K,
+        QuantFormat::Q6_K,
+    ] {
+        for (model, d, ffn, ms) in [
+            ("1b", 2048, 8192, &[1, 512][..]),
+            ("7b", 4096, 11008, &[1][..]),
+        ] {
+            for &m in ms {
+                let phase = if m == 1 { "decode" } else { "prefill512" };
+                for (proj, n, k) in [("qkv/o", d, d), ("up", ffn, d), ("down", d, ffn)] {
+                    push(
+                        format!("qlinear {format} {model} {phase} {proj} {m}x{n}x{k}"),
+                        Kind::QLinear { format, m, n, k },
+                    );
+                }
             }
         }
     }
@@ -196,6 +228,13 @@ fn build(kind: &Kind, dtype: DType, dev: &Device) -> silica::Result<(Runner, f64
             let flops = 2.0 * (m * n * k) as f64;
             let bytes = es * (m * k + k * n + m * n) as f64;
             (Box::new(move || a.matmul(&b)), flops, bytes)
+        }
+        Kind::QLinear { format, m, n, k } => {
+            let x = rnd(&[m, k], 1)?;
+            let w = QTensor::random(format, &[n, k], 2, dev)?;
+            let flops = 2.0 * (m * n * k) as f64;
+            let bytes = w.size_in_bytes() as f64 + es * (m * k + m * n) as f64;
+            (Box::new(move || x.matmul_q(&w)), flops, bytes)
         }
         Kind::Softmax { rows, n } => {
             let x = rnd(&[rows, n], 1)?;
@@ -368,7 +407,11 @@ fn kind_json(kind: &Kind) -> String {
     let mut out = format!("{{\"op\": \"{name}\"");
     for f in fields.split(", ").filter(|f| !f.is_empty()) {
         if let Some((k, v)) = f.split_once(": ") {
-            let _ = write!(out, ", \"{k}\": {v}");
+            if v.parse::<f64>().is_ok() || v == "true" || v == "false" {
+                let _ = write!(out, ", \"{k}\": {v}");
+            } else {
+                let _ = write!(out, ", \"{k}\": \"{v}\"");
+            }
         }
     }
     out.push('}');

@@ -226,7 +226,7 @@ fn dequantize_q5_1(x: &[u8; 24], y: &mut [f32; 32]) {
 }
 
 /// The 6-bit scale and min of sub-block `j` (0..8) of a Q4_K/Q5_K block.
-fn scale_min_k4(j: usize, q: &[u8; 12]) -> (u8, u8) {
+pub(crate) fn scale_min_k4(j: usize, q: &[u8; 12]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
     } else {

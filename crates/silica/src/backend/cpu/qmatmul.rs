@@ -40,13 +40,15 @@ pub fn qmatmul(
     let mut out_t = vec![0f32; n * m];
     if m > 0 && n > 0 {
         if m <= DOT_MAX_M {
+            // sums of each run of 16 values of x (the groups' offsets multiply them)
+            let sums: Vec<f32> = xs.chunks_exact(16).map(|c| c.iter().sum()).collect();
             out_t
                 .par_chunks_mut(m)
                 .with_min_len(DOT_TASK)
                 .enumerate()
                 .for_each(|(j, dst)| {
                     let row = &wb[j * row_bytes..(j + 1) * row_bytes];
-                    row_dots(format, row, &xs, k, dst);
+                    row_dots(format, row, &xs, &sums, k, dst);
                 });
         } else {
             out_t
@@ -114,60 +116,190 @@ pub fn qrows(
 }
 
 /// `dst[r] = x[r] · row` for each of the `dst.len()` rows of `xs` (`k`
-/// values each), `row` one weight row of blocks.
-fn row_dots(format: QuantFormat, row: &[u8], xs: &[f32], k: usize, dst: &mut [f32]) {
+/// values each), `row` one weight row of blocks; `sums` holds the sums of
+/// each run of 16 values of each row of `xs`.
+fn row_dots(format: QuantFormat, row: &[u8], xs: &[f32], sums: &[f32], k: usize, dst: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("avx512f") {
             // SAFETY: the processor has the features the function is compiled for
-            return unsafe { row_dots_avx512(format, row, xs, k, dst) };
+            return unsafe { row_dots_avx512(format, row, xs, sums, k, dst) };
         }
         if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
         {
             // SAFETY: as above
-            return unsafe { row_dots_avx2(format, row, xs, k, dst) };
+            return unsafe { row_dots_avx2(format, row, xs, sums, k, dst) };
         }
     }
-    row_dots_body(format, row, xs, k, dst)
+    row_dots_any(format, row, xs, sums, k, dst)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
-fn row_dots_avx512(format: QuantFormat, row: &[u8], xs: &[f32], k: usize, dst: &mut [f32]) {
-    row_dots_body(format, row, xs, k, dst)
+fn row_dots_avx512(format: QuantFormat, row: &[u8], xs: &[f32], sums: &[f32], k: usize, dst: &mut [f32]) {
+    row_dots_any(format, row, xs, sums, k, dst)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-fn row_dots_avx2(format: QuantFormat, row: &[u8], xs: &[f32], k: usize, dst: &mut [f32]) {
-    row_dots_body(format, row, xs, k, dst)
+fn row_dots_avx2(format: QuantFormat, row: &[u8], xs: &[f32], sums: &[f32], k: usize, dst: &mut [f32]) {
+    row_dots_any(format, row, xs, sums, k, dst)
 }
 
+/// One instance of the block loop per format, so that each is inlined and
+/// vectorized on its own.
 #[inline(always)]
-fn row_dots_body(format: QuantFormat, row: &[u8], xs: &[f32], k: usize, dst: &mut [f32]) {
-    let (be, bb) = (format.block_elems(), format.block_bytes());
-    let mut buf = [0f32; crate::quant::QK_K];
-    let buf = &mut buf[..be];
-    dst.fill(0.0);
+fn row_dots_any(format: QuantFormat, row: &[u8], xs: &[f32], sums: &[f32], k: usize, dst: &mut [f32]) {
+    use QuantFormat as Q;
+    match format {
+        Q::Q8_0 => row_dots_of::<0>(row, xs, sums, k, dst),
+        Q::Q4_0 => row_dots_of::<1>(row, xs, sums, k, dst),
+        Q::Q4_1 => row_dots_of::<2>(row, xs, sums, k, dst),
+        Q::Q5_0 => row_dots_of::<3>(row, xs, sums, k, dst),
+        Q::Q5_1 => row_dots_of::<4>(row, xs, sums, k, dst),
+        Q::Q4_K => row_dots_of::<5>(row, xs, sums, k, dst),
+        Q::Q5_K => row_dots_of::<6>(row, xs, sums, k, dst),
+        Q::Q6_K => row_dots_of::<7>(row, xs, sums, k, dst),
+    }
+}
+
+/// The block loop of format `F` (`QuantFormat::gpu_code` order): per group
+/// of 32 values, the raw quants times x in 16 lanes scaled by the group's
+/// scale, and the group's offset times the sums of x.
+#[inline(always)]
+fn row_dots_of<const F: u8>(row: &[u8], xs: &[f32], sums: &[f32], k: usize, dst: &mut [f32]) {
+    let format = QuantFormat::ALL[F as usize];
+    let bb = format.block_bytes();
+    let gpb = format.block_elems() / 32;
+    let m = dst.len();
+    if m == 1 {
+        // decode: the accumulators stay in registers
+        let mut acc = [0f32; 16];
+        let mut offs = 0f32;
+        let mut q = [0f32; 32];
+        let (xg, _) = xs[..k].as_chunks::<32>();
+        let (sg, _) = sums[..k / 16].as_chunks::<2>();
+        for (b, block) in row.chunks_exact(bb).enumerate() {
+            for g in 0..gpb {
+                let s = group_quants::<F>(block, g, &mut q);
+                let (x, xs16) = (&xg[b * gpb + g], &sg[b * gpb + g]);
+                for i in 0..16 {
+                    acc[i] += s[0] * (q[i] * x[i]) + s[2] * (q[i + 16] * x[i + 16]);
+                }
+                offs += s[1] * xs16[0] + s[3] * xs16[1];
+            }
+        }
+        dst[0] = acc.iter().sum::<f32>() + offs;
+        return;
+    }
+    let mut acc = [[0f32; 16]; DOT_MAX_M];
+    let mut offs = [0f32; DOT_MAX_M];
+    let mut q = [0f32; 32];
     for (b, block) in row.chunks_exact(bb).enumerate() {
-        format.decode_into(block, buf);
-        for (r, acc) in dst.iter_mut().enumerate() {
-            let x = &xs[r * k + b * be..r * k + (b + 1) * be];
-            *acc += dot(buf, x);
+        for g in 0..gpb {
+            let s = group_quants::<F>(block, g, &mut q);
+            let gi = b * gpb + g;
+            for r in 0..m {
+                let x = &xs[r * k + gi * 32..r * k + gi * 32 + 32];
+                let a = &mut acc[r];
+                for i in 0..16 {
+                    a[i] += s[0] * (q[i] * x[i]) + s[2] * (q[i + 16] * x[i + 16]);
+                }
+                let xs16 = &sums[r * (k / 16) + 2 * gi..];
+                offs[r] += s[1] * xs16[0] + s[3] * xs16[1];
+            }
         }
+    }
+    for r in 0..m {
+        dst[r] = acc[r].iter().sum::<f32>() + offs[r];
     }
 }
 
-/// A dot product in 16 independent lanes, so that it vectorizes.
+/// The f16 at byte `at` of `b`, as f32 (inlined integer conversion: the
+/// `half` crate's dispatches at run time, too slow once per block).
 #[inline(always)]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut lanes = [0f32; 16];
-    let (ac, _) = a.as_chunks::<16>();
-    let (bc, _) = b.as_chunks::<16>();
-    for (a, b) in ac.iter().zip(bc) {
-        for i in 0..16 {
-            lanes[i] += a[i] * b[i];
+fn f16_at(b: &[u8], at: usize) -> f32 {
+    let h = u32::from(u16::from_le_bytes([b[at], b[at + 1]]));
+    let sign = (h & 0x8000) << 16;
+    let e = (h >> 10) & 0x1f;
+    let m = h & 0x3ff;
+    match e {
+        0 => {
+            // zero or subnormal: m * 2^-24
+            let v = m as f32 * (1.0 / 16_777_216.0);
+            if sign != 0 { -v } else { v }
+        }
+        31 => f32::from_bits(sign | 0x7f80_0000 | (m << 13)),
+        _ => f32::from_bits(sign | ((e + 112) << 23) | (m << 13)),
+    }
+}
+
+/// The raw quants of group `g` (32 values) of a block of format `F` into
+/// `q`, and the affine maps `[d0, m0, d1, m1]` of its first and last 16
+/// values (value = d * q + m), as `quant_blocks.wgsl` reads them.
+#[inline(always)]
+fn group_quants<const F: u8>(x: &[u8], g: usize, q: &mut [f32; 32]) -> [f32; 4] {
+    match F {
+        0 => {
+            let d = f16_at(x, 0);
+            for (q, &b) in q.iter_mut().zip(&x[2..34]) {
+                *q = f32::from(b as i8);
+            }
+            [d, 0.0, d, 0.0]
+        }
+        1 | 2 => {
+            let d = f16_at(x, 0);
+            let (m, at) = if F == 1 { (-8.0 * d, 2) } else { (f16_at(x, 2), 4) };
+            let qs = &x[at..at + 16];
+            for j in 0..16 {
+                q[j] = f32::from(qs[j] & 15);
+                q[j + 16] = f32::from(qs[j] >> 4);
+            }
+            [d, m, d, m]
+        }
+        3 | 4 => {
+            let d = f16_at(x, 0);
+            let (m, at) = if F == 3 { (-16.0 * d, 2) } else { (f16_at(x, 2), 4) };
+            let qh = u32::from_le_bytes([x[at], x[at + 1], x[at + 2], x[at + 3]]);
+            let qs = &x[at + 4..at + 20];
+            for j in 0..16 {
+                q[j] = f32::from((qs[j] & 15) | ((((qh >> j) & 1) as u8) << 4));
+                q[j + 16] = f32::from((qs[j] >> 4) | ((((qh >> (j + 16)) & 1) as u8) << 4));
+            }
+            [d, m, d, m]
+        }
+        5 | 6 => {
+            let scales: &[u8; 12] = x[4..16].try_into().unwrap_or(&[0; 12]);
+            let (sc, mn) = crate::quant::scale_min_k4(g, scales);
+            let d = f16_at(x, 0) * f32::from(sc);
+            let m = -f16_at(x, 2) * f32::from(mn);
+            let shift = 4 * (g & 1);
+            if F == 5 {
+                let qs = &x[16 + 32 * (g / 2)..16 + 32 * (g / 2) + 32];
+                for (q, &b) in q.iter_mut().zip(qs) {
+                    *q = f32::from((b >> shift) & 15);
+                }
+            } else {
+                let qs = &x[48 + 32 * (g / 2)..48 + 32 * (g / 2) + 32];
+                let qh = &x[16..48];
+                for ((q, &b), &h) in q.iter_mut().zip(qs).zip(qh) {
+                    *q = f32::from(((b >> shift) & 15) | (((h >> g) & 1) << 4));
+                }
+            }
+            [d, m, d, m]
+        }
+        _ => {
+            let (n, t) = (g / 4, g % 4);
+            let ql = &x[64 * n + 32 * (t & 1)..64 * n + 32 * (t & 1) + 32];
+            let qh = &x[128 + 32 * n..128 + 32 * n + 32];
+            let (sl, sh) = (4 * (t >> 1), 2 * t);
+            for ((q, &l), &h) in q.iter_mut().zip(ql).zip(qh) {
+                *q = f32::from(((l >> sl) & 15) | (((h >> sh) & 3) << 4));
+            }
+            let d = f16_at(x, 208);
+            let s0 = d * f32::from(x[192 + 8 * n + 2 * t] as i8);
+            let s1 = d * f32::from(x[193 + 8 * n + 2 * t] as i8);
+            [s0, -32.0 * s0, s1, -32.0 * s1]
         }
     }
-    lanes.iter().sum()
 }
