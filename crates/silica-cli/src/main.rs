@@ -40,7 +40,7 @@ enum Command {
     Models(models::ModelsArgs),
     /// Generate text with a Llama-family model (default: SmolLM2-135M-Instruct).
     Generate(generate::GenerateArgs),
-    /// Convert a GGUF model to q8_0, q4_0, q4_1, f16 or f32, or write a
+    /// Convert a GGUF model to q8_0, q4_0, q4_1, q4_k, f16 or f32, or write a
     /// random-weight Llama-shaped model (--synthetic) for speed tests.
     Quantize(quantize::QuantizeArgs),
 }

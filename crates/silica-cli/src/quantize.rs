@@ -1,4 +1,5 @@
-//! `silica quantize`: converts a GGUF model to F32, F16, Q8_0, Q4_0 or Q4_1,
+//! `silica quantize`: converts a GGUF model to F32, F16, Q8_0, Q4_0, Q4_1 or
+//! Q4_K,
 //! or writes a random-weight Llama-shaped model (`--synthetic`) to measure
 //! decode speed without downloading one.
 //!
@@ -6,10 +7,12 @@
 //! pure type:
 //!
 //! * 1-D tensors (norms, biases) are F32;
-//! * tensors of 2 or more dimensions whose rows (`ne[0]`) are whole blocks of
-//!   32 get the chosen type, except the token embedding, which is Q8_0 when
-//!   the chosen type is 4-bit (it is looked up row by row, not multiplied,
-//!   and its rounding error reaches every token);
+//! * tensors of 2 or more dimensions whose rows (`ne[0]`) are whole blocks
+//!   of the chosen type (32 values, 256 for Q4_K) get it, except the token
+//!   embedding, which is Q8_0 when the chosen type is 4-bit (its rounding
+//!   error reaches every token);
+//! * under Q4_K, rows of whole blocks of 32 but not of 256 are Q8_0 (where
+//!   llama.cpp falls back to Q5_0, which silica cannot write);
 //! * other tensors (rows not a multiple of 32) are F16 for `f16`, else F32;
 //! * tensors of a type silica cannot decode (IQ formats, integers) are
 //!   copied unchanged.
@@ -26,7 +29,7 @@ use std::time::Instant;
 
 use half::f16;
 use silica_models::gguf::{GgmlType, GgufFile, GgufWriter, MetaValue, TensorSink};
-use silica_models::quant;
+use silica_models::{kquant, quant};
 
 use crate::CliError;
 
@@ -35,7 +38,7 @@ pub struct QuantizeArgs {
     /// INPUT.gguf OUTPUT.gguf, or only OUTPUT.gguf with --synthetic.
     #[arg(value_name = "PATHS", num_args = 1..=2, required = true)]
     paths: Vec<PathBuf>,
-    /// The type of the weight matrices: q8_0, q4_0, q4_1, f16 or f32.
+    /// The type of the weight matrices: q8_0, q4_0, q4_1, q4_k, f16 or f32.
     #[arg(long = "type", value_name = "TYPE", default_value = "q8_0")]
     ty: String,
     /// Write a random-weight model of this shape instead of converting a
@@ -49,12 +52,14 @@ pub struct QuantizeArgs {
 
 /// The types `--type` accepts: (name, ggml type, llama.cpp `LLAMA_FTYPE`
 /// value for `general.file_type`).
-const TYPES: [(&str, GgmlType, u32); 5] = [
+/// Pure Q4_K has no value of its own: it is closest to `MOSTLY_Q4_K_S`.
+const TYPES: [(&str, GgmlType, u32); 6] = [
     ("f32", GgmlType::F32, 0),
     ("f16", GgmlType::F16, 1),
     ("q4_0", GgmlType::Q4_0, 2),
     ("q4_1", GgmlType::Q4_1, 3),
     ("q8_0", GgmlType::Q8_0, 7),
+    ("q4_k", GgmlType::Q4_K, 14),
 ];
 
 /// ggml's `GGML_QNT_VERSION`, written as `general.quantization_version`.
@@ -86,24 +91,31 @@ impl Target {
     }
 
     fn is_4bit(self) -> bool {
-        matches!(self.ty, GgmlType::Q4_0 | GgmlType::Q4_1)
+        matches!(self.ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q4_K)
+    }
+
+    fn is_quantized(self) -> bool {
+        !matches!(self.ty, GgmlType::F32 | GgmlType::F16)
     }
 
     /// The type of the tensor `name` with row-major `shape` (see the module
     /// documentation).
     fn tensor_type(self, name: &str, shape: &[usize]) -> GgmlType {
         let row = shape.last().copied().unwrap_or(1);
+        // every type of TYPES has a block size
+        let block = self.ty.block_size().unwrap_or(1);
         if shape.len() < 2 {
             GgmlType::F32
-        } else if !row.is_multiple_of(quant::QK) {
-            match self.ty {
-                GgmlType::F16 => GgmlType::F16,
-                _ => GgmlType::F32,
-            }
-        } else if name == "token_embd.weight" && self.is_4bit() {
+        } else if name == "token_embd.weight" && self.is_4bit() && row.is_multiple_of(quant::QK) {
             GgmlType::Q8_0
-        } else {
+        } else if row.is_multiple_of(block) {
             self.ty
+        } else if self.is_quantized() && row.is_multiple_of(quant::QK) {
+            GgmlType::Q8_0
+        } else if self.ty == GgmlType::F16 {
+            GgmlType::F16
+        } else {
+            GgmlType::F32
         }
     }
 
@@ -111,7 +123,7 @@ impl Target {
     /// quantized types).
     fn set_metadata(self, w: &mut GgufWriter) -> Result<(), CliError> {
         w.metadata("general.file_type", MetaValue::U32(self.file_type))?;
-        if !matches!(self.ty, GgmlType::F32 | GgmlType::F16) {
+        if self.is_quantized() {
             w.metadata(
                 "general.quantization_version",
                 MetaValue::U32(QUANTIZATION_VERSION),
@@ -122,8 +134,8 @@ impl Target {
 }
 
 /// Encodes `values` as `ty`, one of the types of [`TYPES`]. Quantized types
-/// need a multiple of 32 values ([`Target::tensor_type`] guarantees whole
-/// rows of whole blocks).
+/// need whole blocks ([`Target::tensor_type`] guarantees whole rows of whole
+/// blocks).
 fn encode(ty: GgmlType, values: &[f32]) -> Result<Vec<u8>, CliError> {
     Ok(match ty {
         GgmlType::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
@@ -134,6 +146,7 @@ fn encode(ty: GgmlType, values: &[f32]) -> Result<Vec<u8>, CliError> {
         GgmlType::Q8_0 => quant::quantize_q8_0(values),
         GgmlType::Q4_0 => quant::quantize_q4_0(values),
         GgmlType::Q4_1 => quant::quantize_q4_1(values),
+        GgmlType::Q4_K => kquant::quantize_q4_k(values),
         other => return Err(CliError::msg(format!("cannot encode {other}"))),
     })
 }

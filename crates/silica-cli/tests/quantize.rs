@@ -135,6 +135,8 @@ fn tolerance(ty: GgmlType) -> f32 {
         GgmlType::Q8_0 => 0.5 / 127.0 + 1e-3,
         GgmlType::Q4_0 => 1.0 / 8.0 + 1e-3, // the clamped +8 side
         GgmlType::Q4_1 => 2.0 / 30.0 + 2e-3, // half a step of (max - min) / 15
+        // half a step, plus the 6-bit rounding of the sub-block scale and min
+        GgmlType::Q4_K => 0.25,
         other => panic!("no tolerance for {other}"),
     }
 }
@@ -163,6 +165,7 @@ fn converts_a_gguf_to_every_type() {
         ("q4_1", GgmlType::Q4_1, 3),
         ("f16", GgmlType::F16, 1),
         ("f32", GgmlType::F32, 0),
+        ("q4_k", GgmlType::Q4_K, 14),
     ];
     for (name, ty, file_type) in cases {
         let output = tmp(&format!("out_{name}.gguf"));
@@ -195,13 +198,15 @@ fn converts_a_gguf_to_every_type() {
             .collect();
         assert_eq!(kept, want, "{name}");
 
-        let four_bit = matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1);
         for (tensor, shape, _, values) in &input.tensors {
-            let expected_type = match *tensor {
-                "blk.0.attn_norm.weight" => GgmlType::F32,
-                "odd.weight" if ty == GgmlType::F16 => GgmlType::F16,
-                "odd.weight" => GgmlType::F32,
-                "token_embd.weight" if four_bit => GgmlType::Q8_0,
+            use GgmlType::*;
+            let whole_256 = shape.last().is_some_and(|r| r % 256 == 0);
+            let expected_type = match (*tensor, ty) {
+                ("blk.0.attn_norm.weight", _) => F32,
+                ("odd.weight", F16) => F16,
+                ("odd.weight", _) => F32,
+                ("token_embd.weight", Q4_0 | Q4_1 | Q4_K) => Q8_0,
+                (_, Q4_K) if !whole_256 => Q8_0,
                 _ => ty,
             };
             let info = f.tensor_info(tensor).unwrap();
