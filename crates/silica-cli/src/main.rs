@@ -10,6 +10,7 @@ mod devices;
 mod embed;
 mod generate;
 mod models;
+mod quantize;
 
 use std::io::{self, IsTerminal, Write};
 use std::panic::{self, AssertUnwindSafe};
@@ -39,6 +40,9 @@ enum Command {
     Models(models::ModelsArgs),
     /// Generate text with a Llama-family model (default: SmolLM2-135M-Instruct).
     Generate(generate::GenerateArgs),
+    /// Convert a GGUF model to q8_0, q4_0, q4_1, q4_k, f16 or f32, or write a
+    /// random-weight Llama-shaped model (--synthetic) for speed tests.
+    Quantize(quantize::QuantizeArgs),
 }
 
 /// A failure to report as `error: <message>` (exit status 2).
@@ -83,6 +87,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Embed(args) => embed::run(&args),
         Command::Models(args) => models::run(&args),
         Command::Generate(args) => generate::run(&args),
+        Command::Quantize(args) => quantize::run(&args),
     }
 }
 

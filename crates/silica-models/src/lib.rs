@@ -8,6 +8,7 @@ mod error;
 mod file_bytes;
 pub mod generate;
 pub mod gguf;
+pub mod kquant;
 pub mod llama;
 pub mod quant;
 pub mod resolve;

@@ -18,6 +18,8 @@
 //! and tensor data ranges must be aligned, inside the file and disjoint. A
 //! malformed file gives [`Error::Format`] naming the byte offset and the
 //! problem; it never panics.
+//!
+//! [`GgufWriter`] writes version 3 files in the same layout.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -29,9 +31,11 @@ use crate::{Error, Result};
 
 mod ggml_type;
 mod reader;
+pub mod writer;
 
 pub use ggml_type::GgmlType;
 use reader::Parser;
+pub use writer::{GgufStream, GgufWriter, TensorSink};
 
 /// The alignment of the data section and of tensor data when the file has no
 /// `general.alignment` key.
