@@ -155,8 +155,21 @@ fn blocks<const TS: usize, const BS: usize>(
     dst.iter_mut().zip(src).for_each(|(y, x)| f(x, y));
 }
 
-fn f16_le(lo: u8, hi: u8) -> f32 {
-    f16::from_le_bytes([lo, hi]).to_f32()
+/// An f16 from its little-endian bytes, as f32. An inlined integer
+/// conversion: `half`'s chooses an implementation at run time, which
+/// costs more than the rest of a block's decoding.
+#[inline(always)]
+pub(crate) fn f16_le(lo: u8, hi: u8) -> f32 {
+    let h = u32::from(u16::from_le_bytes([lo, hi]));
+    let sign = (h & 0x8000) << 16;
+    let e = (h >> 10) & 0x1f;
+    let m = h & 0x3ff;
+    match e {
+        // zero or subnormal: m * 2^-24
+        0 => f32::from_bits(sign | (m as f32 * (1.0 / 16_777_216.0)).to_bits()),
+        31 => f32::from_bits(sign | 0x7f80_0000 | (m << 13)),
+        _ => f32::from_bits(sign | ((e + 112) << 23) | (m << 13)),
+    }
 }
 
 /// Q8_0: f16 d, i8 qs[32]; x = d * q.

@@ -18,8 +18,9 @@ use crate::{DType, Error, Result, Tensor};
 
 /// Rows of x up to which the block-dot path is used.
 const DOT_MAX_M: usize = 8;
-/// Weight rows decoded per panel of the gemm path.
-const PANEL: usize = 32;
+/// Weight rows decoded per panel of the gemm path (at least; more for
+/// large matrices, since each panel packs x again).
+const PANEL: usize = 64;
 /// Weight rows per task of the block-dot path (at least).
 const DOT_TASK: usize = 16;
 
@@ -51,12 +52,15 @@ pub fn qmatmul(
                     row_dots(format, row, &xs, &sums, k, dst);
                 });
         } else {
+            // about two panels per thread, whole 16s of rows
+            let threads = rayon::current_num_threads().max(1);
+            let panel = (n.div_ceil(2 * threads).next_multiple_of(16)).clamp(PANEL, 1024);
             out_t
-                .par_chunks_mut(PANEL * m)
+                .par_chunks_mut(panel * m)
                 .enumerate()
                 .for_each(|(p, dst)| {
                     let rows = dst.len() / m;
-                    let j0 = p * PANEL;
+                    let j0 = p * panel;
                     let mut panel = vec![0f32; rows * k];
                     format.decode_into(&wb[j0 * row_bytes..(j0 + rows) * row_bytes], &mut panel);
                     // dst [rows, m] = panel [rows, k] @ xᵀ
@@ -136,20 +140,41 @@ fn row_dots(format: QuantFormat, row: &[u8], xs: &[f32], sums: &[f32], k: usize,
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
-fn row_dots_avx512(format: QuantFormat, row: &[u8], xs: &[f32], sums: &[f32], k: usize, dst: &mut [f32]) {
+fn row_dots_avx512(
+    format: QuantFormat,
+    row: &[u8],
+    xs: &[f32],
+    sums: &[f32],
+    k: usize,
+    dst: &mut [f32],
+) {
     row_dots_any(format, row, xs, sums, k, dst)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-fn row_dots_avx2(format: QuantFormat, row: &[u8], xs: &[f32], sums: &[f32], k: usize, dst: &mut [f32]) {
+fn row_dots_avx2(
+    format: QuantFormat,
+    row: &[u8],
+    xs: &[f32],
+    sums: &[f32],
+    k: usize,
+    dst: &mut [f32],
+) {
     row_dots_any(format, row, xs, sums, k, dst)
 }
 
 /// One instance of the block loop per format, so that each is inlined and
 /// vectorized on its own.
 #[inline(always)]
-fn row_dots_any(format: QuantFormat, row: &[u8], xs: &[f32], sums: &[f32], k: usize, dst: &mut [f32]) {
+fn row_dots_any(
+    format: QuantFormat,
+    row: &[u8],
+    xs: &[f32],
+    sums: &[f32],
+    k: usize,
+    dst: &mut [f32],
+) {
     use QuantFormat as Q;
     match format {
         Q::Q8_0 => row_dots_of::<0>(row, xs, sums, k, dst),
@@ -215,23 +240,8 @@ fn row_dots_of<const F: u8>(row: &[u8], xs: &[f32], sums: &[f32], k: usize, dst:
     }
 }
 
-/// The f16 at byte `at` of `b`, as f32 (inlined integer conversion: the
-/// `half` crate's dispatches at run time, too slow once per block).
-#[inline(always)]
 fn f16_at(b: &[u8], at: usize) -> f32 {
-    let h = u32::from(u16::from_le_bytes([b[at], b[at + 1]]));
-    let sign = (h & 0x8000) << 16;
-    let e = (h >> 10) & 0x1f;
-    let m = h & 0x3ff;
-    match e {
-        0 => {
-            // zero or subnormal: m * 2^-24
-            let v = m as f32 * (1.0 / 16_777_216.0);
-            if sign != 0 { -v } else { v }
-        }
-        31 => f32::from_bits(sign | 0x7f80_0000 | (m << 13)),
-        _ => f32::from_bits(sign | ((e + 112) << 23) | (m << 13)),
-    }
+    crate::quant::f16_le(b[at], b[at + 1])
 }
 
 /// The raw quants of group `g` (32 values) of a block of format `F` into
@@ -249,7 +259,11 @@ fn group_quants<const F: u8>(x: &[u8], g: usize, q: &mut [f32; 32]) -> [f32; 4] 
         }
         1 | 2 => {
             let d = f16_at(x, 0);
-            let (m, at) = if F == 1 { (-8.0 * d, 2) } else { (f16_at(x, 2), 4) };
+            let (m, at) = if F == 1 {
+                (-8.0 * d, 2)
+            } else {
+                (f16_at(x, 2), 4)
+            };
             let qs = &x[at..at + 16];
             for j in 0..16 {
                 q[j] = f32::from(qs[j] & 15);
@@ -259,7 +273,11 @@ fn group_quants<const F: u8>(x: &[u8], g: usize, q: &mut [f32; 32]) -> [f32; 4] 
         }
         3 | 4 => {
             let d = f16_at(x, 0);
-            let (m, at) = if F == 3 { (-16.0 * d, 2) } else { (f16_at(x, 2), 4) };
+            let (m, at) = if F == 3 {
+                (-16.0 * d, 2)
+            } else {
+                (f16_at(x, 2), 4)
+            };
             let qh = u32::from_le_bytes([x[at], x[at + 1], x[at + 2], x[at + 3]]);
             let qs = &x[at + 4..at + 20];
             for j in 0..16 {
