@@ -33,7 +33,7 @@ pub fn qmatmul(
 ) -> CpuStorage {
     let k = x.shape().last().copied().unwrap_or(0);
     let n = out_shape.last().copied().unwrap_or(0);
-    let m = if k == 0 { 0 } else { x.numel() / k };
+    let m = x.numel().checked_div(k).unwrap_or(0);
     let xs = host(x).gather_f32(x.layout());
     let wb: &[u8] = host(w).as_bytes();
     let row_bytes = format.bytes_for(k);
