@@ -158,12 +158,28 @@ enum Stacked {
 }
 
 impl Stacked {
-    /// The outputs of the parts, `[t, rows of part]` each.
-    fn apply(&self, x: &Tensor) -> silica::Result<Vec<Tensor>> {
+    /// The outputs of the parts, `[t, rows of part]` each, plus `bias`
+    /// (the parts' biases stacked) where given: one add for stacked weights.
+    fn apply(&self, x: &Tensor, bias: Option<&Tensor>) -> silica::Result<Vec<Tensor>> {
+        let add = |y: Tensor, at: usize, n: usize| match bias {
+            Some(b) => y.add(&b.narrow(0, at, n)?),
+            None => Ok(y),
+        };
         match self {
-            Stacked::Split(parts) => parts.iter().map(|w| w.apply(x)).collect(),
+            Stacked::Split(parts) => {
+                let mut at = 0;
+                parts
+                    .iter()
+                    .map(|w| {
+                        let y = w.apply(x)?;
+                        let n = y.shape()[y.rank() - 1];
+                        at += n;
+                        add(y, at - n, n)
+                    })
+                    .collect()
+            }
             Stacked::Fused(w, sizes) => {
-                let y = w.apply(x)?;
+                let y = add(w.apply(x)?, 0, sizes.iter().sum())?;
                 let mut at = 0;
                 sizes
                     .iter()
@@ -541,15 +557,7 @@ impl Llama {
         let opts = AttentionOpts::causal(hd);
         for (li, l) in self.layers.iter().enumerate() {
             let hn = x.rms_norm(&l.attn_norm, eps)?;
-            let mut qkv = l.qkv.apply(&hn)?;
-            if let Some(b) = &l.bqkv {
-                let mut at = 0;
-                for part in qkv.iter_mut() {
-                    let n = part.shape()[1];
-                    *part = part.add(&b.narrow(0, at, n)?)?;
-                    at += n;
-                }
-            }
+            let qkv = l.qkv.apply(&hn, l.bqkv.as_ref())?;
             let q = qkv[0].reshape(&[t, h, hd])?;
             let k = qkv[1].reshape(&[t, kvh, hd])?;
             let v = qkv[2].reshape(&[t, kvh, hd])?;
@@ -566,7 +574,7 @@ impl Llama {
             x = x.add(&l.wo.apply(&att)?)?;
 
             let hn = x.rms_norm(&l.ffn_norm, eps)?;
-            let gate_up = l.gate_up.apply(&hn)?; // gate, up: [t, ffn] each
+            let gate_up = l.gate_up.apply(&hn, None)?; // gate, up: [t, ffn] each
             x = x.add(&l.w_down.apply(&gate_up[0].swiglu(&gate_up[1])?)?)?;
         }
         cache.len = total;

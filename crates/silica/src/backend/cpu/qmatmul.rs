@@ -80,6 +80,10 @@ pub fn qmatmul(
                 });
         }
     }
+    if m == 1 {
+        // [n, 1] is already [1, n]
+        return CpuStorage::from_f32(out_t, out);
+    }
     let mut result = vec![0f32; m * n];
     for (j, col) in out_t.chunks_exact(m.max(1)).enumerate().take(n) {
         for (r, &v) in col.iter().enumerate() {

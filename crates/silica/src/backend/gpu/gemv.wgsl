@@ -22,9 +22,6 @@ override VEC: bool = false;
 // loads are in flight (32, 64 or 128: a workgroup holds an even number of
 // columns, which 16-bit outputs need).
 override LANES: u32 = 32u;
-const MAX_M: u32 = 8u;
-
-var<workgroup> partial: array<f32, 2048>; // [MAX_M][256]
 
 fn elem_a(e: u32) -> f32 {
     let w = word_index(e, IN_DT);
@@ -115,33 +112,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             }
         }
     }
-    for (var r = 0u; r < M; r++) {
-        partial[r * WG + lid] = acc[r];
-    }
-    workgroupBarrier();
-    for (var s = LANES / 2u; s > 0u; s >>= 1u) {
-        if lane < s {
-            for (var r = 0u; r < M; r++) {
-                partial[r * WG + lid] += partial[r * WG + lid + s];
-            }
-        }
-        workgroupBarrier();
-    }
-    if lane != 0u || col >= p.n {
-        return;
-    }
-    let out0 = z * p.m * p.n;
-    for (var r = 0u; r < M; r++) {
-        let e = out0 + r * p.n + col;
-        let v = partial[r * WG + lid];
-        if OUT_DT == 1u || OUT_DT == 2u {
-            // N is even (the launcher goes through f32 otherwise): the even
-            // column writes the word it shares with the next one
-            if col % 2u == 0u {
-                dst[e >> 1u] = encode_pair(v, partial[r * WG + lid + LANES], OUT_DT);
-            }
-        } else {
-            dst[e] = bitcast<u32>(v);
-        }
-    }
+    gemv_finish(acc, lid, col, z * p.m * p.n);
 }

@@ -47,7 +47,8 @@ pub(crate) static GEMV: Kernel = Kernel {
     source: concat!(
         include_str!("common.wgsl"),
         include_str!("matmul_common.wgsl"),
-        include_str!("gemv.wgsl")
+        include_str!("gemv.wgsl"),
+        include_str!("gemv_finish.wgsl")
     ),
     inputs: 2,
     trusted: true,

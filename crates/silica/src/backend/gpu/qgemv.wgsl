@@ -8,8 +8,6 @@
 override M: u32 = 1u;
 override LANES: u32 = 32u;
 
-var<workgroup> partial: array<f32, 2048>; // [MAX_M = 8][256]
-
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let lane = lid % LANES;
@@ -31,32 +29,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             }
         }
     }
-    for (var r = 0u; r < M; r++) {
-        partial[r * WG + lid] = acc[r];
-    }
-    workgroupBarrier();
-    for (var s = LANES / 2u; s > 0u; s >>= 1u) {
-        if lane < s {
-            for (var r = 0u; r < M; r++) {
-                partial[r * WG + lid] += partial[r * WG + lid + s];
-            }
-        }
-        workgroupBarrier();
-    }
-    if lane != 0u || col >= p.n {
-        return;
-    }
-    for (var r = 0u; r < M; r++) {
-        let e = r * p.n + col;
-        let v = partial[r * WG + lid];
-        if OUT_DT == 1u || OUT_DT == 2u {
-            // N is even (the launcher goes through f32 otherwise): the even
-            // column writes the word it shares with the next one
-            if col % 2u == 0u {
-                dst[e >> 1u] = encode_pair(v, partial[r * WG + lid + LANES], OUT_DT);
-            }
-        } else {
-            dst[e] = bitcast<u32>(v);
-        }
-    }
+    gemv_finish(acc, lid, col, 0u);
 }

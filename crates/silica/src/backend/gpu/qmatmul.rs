@@ -22,7 +22,7 @@ macro_rules! qkernel {
 
 pub(crate) static QGEMV: Kernel = Kernel {
     name: "qgemv",
-    source: qkernel!("qgemv.wgsl"),
+    source: concat!(qkernel!("qgemv.wgsl"), include_str!("gemv_finish.wgsl")),
     inputs: 2,
     trusted: true,
 };
