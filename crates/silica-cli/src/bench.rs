@@ -128,7 +128,7 @@ fn cases(large: bool, cpu: bool) -> Vec<Case> {
             }
         }
     }
-    // quantized weights at 1B and 7B decode, and 1B prefill
+    // quantized weights at 135M, 1B and 7B decode, and 1B prefill
     for format in [
         QuantFormat::Q4_0,
         QuantFormat::Q4_1,
@@ -137,12 +137,16 @@ fn cases(large: bool, cpu: bool) -> Vec<Case> {
         QuantFormat::Q6_K,
     ] {
         for (model, d, ffn, ms) in [
+            ("135m", 576, 1536, &[1][..]),
             ("1b", 2048, 8192, &[1, 512][..]),
             ("7b", 4096, 11008, &[1][..]),
         ] {
             for &m in ms {
                 let phase = if m == 1 { "decode" } else { "prefill512" };
-                for (proj, n, k) in [("qkv/o", d, d), ("up", ffn, d), ("down", d, ffn)] {
+                // SmolLM2's tied embedding is its LM head: 49,152 rows
+                let head = (model == "135m").then_some(("head", 49152, d));
+                let projs = [("qkv/o", d, d), ("up", ffn, d), ("down", d, ffn)];
+                for (proj, n, k) in projs.into_iter().chain(head) {
                     push(
                         format!("qlinear {format} {model} {phase} {proj} {m}x{n}x{k}"),
                         Kind::QLinear { format, m, n, k },
