@@ -169,7 +169,47 @@ fn a_decoder_larger_than_the_memory_limit_fails_to_load_and_frees_what_it_took()
         greedy(&cpu_tiny, &tok, &prompt, 8).0,
         "the GPU generates what the CPU does"
     );
-    drop(tiny);
+
+    // Out of memory inside a forward pass (no room left for activations
+    // or a larger KV cache): an error, and the cache keeps its positions.
+    let mut cache = tiny.new_cache();
+    tiny.forward(&prompt, &mut cache, true).unwrap();
+    let more = [5u32; 40];
+    for room in [0, 8 << 10, 32 << 10, 64 << 10] {
+        dev.empty_cache();
+        let limit = stats(&dev).reserved + room;
+        dev.set_memory_limit(Some(limit));
+        let r = tiny.forward(&more, &mut cache, false);
+        assert_out_of_memory(
+            r,
+            limit,
+            &format!("a forward pass with {room} bytes of room"),
+        );
+        assert_eq!(cache.len(), prompt.len());
+    }
+    dev.set_memory_limit(None);
+    let got: Vec<f32> = tiny
+        .forward(&more, &mut cache, false)
+        .unwrap()
+        .to_vec()
+        .unwrap();
+    let mut cpu_cache = cpu_tiny.new_cache();
+    cpu_tiny.forward(&prompt, &mut cpu_cache, true).unwrap();
+    let want: Vec<f32> = cpu_tiny
+        .forward(&more, &mut cpu_cache, false)
+        .unwrap()
+        .to_vec()
+        .unwrap();
+    let worst = got
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(
+        worst < 1e-3,
+        "after the failed pass, GPU vs CPU differ by {worst}"
+    );
+    drop((tiny, cache));
 
     // Without the limit the large model loads and runs on the same device.
     dev.set_memory_limit(None);
