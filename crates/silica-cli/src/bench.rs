@@ -32,7 +32,7 @@ pub struct BenchArgs {
     #[arg(long, value_name = "TEXT")]
     filter: Option<String>,
     /// Time spent measuring each case, in seconds.
-    #[arg(long, default_value_t = 0.5)]
+    #[arg(long, default_value_t = 0.5, allow_negative_numbers = true, value_parser = parse_seconds)]
     seconds: f64,
     /// Also the large cases (8192³ matmul, 4096² rows): slow on a CPU.
     #[arg(long)]
@@ -40,6 +40,13 @@ pub struct BenchArgs {
     /// One JSON object per case instead of a table.
     #[arg(long)]
     json: bool,
+}
+
+fn parse_seconds(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err("expected a number of seconds above 0".to_string()),
+    }
 }
 
 /// What a case computes, with the dimensions the peer script needs.
@@ -424,10 +431,7 @@ fn kind_json(kind: &Kind) -> String {
 
 pub fn run(args: &BenchArgs) -> Result<(), CliError> {
     let dtype = crate::generate::parse_dtype(&args.dtype)?;
-    let dev = match &args.device {
-        Some(sel) => Device::select(sel)?,
-        None => Device::best()?,
-    };
+    let dev = crate::open_device(args.device.as_deref())?;
     let cpu = matches!(dev, Device::Cpu);
     if !args.json {
         emit(&format!(

@@ -22,8 +22,7 @@ pub fn run(args: &DevicesArgs) -> Result<(), CliError> {
     // Open the device first, so that a bad selector prints nothing but the error.
     let ops_device = match (args.ops, &args.device) {
         (false, _) => None,
-        (true, Some(sel)) => Some(Device::select(sel)?),
-        (true, None) => Some(Device::best()?),
+        (true, sel) => Some(crate::open_device(sel.as_deref())?),
     };
     emit(&device_list()?)?;
     if let Some(dev) = ops_device {

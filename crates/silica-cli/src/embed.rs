@@ -8,7 +8,7 @@ use std::io::{self, IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use silica::{DType, Device};
+use silica::DType;
 use silica_models::bert::{SentenceEncoder, cosine};
 use silica_models::encoder_resolve::{DEFAULT_ENCODER, resolve_encoder};
 
@@ -106,10 +106,7 @@ pub fn run(args: &EmbedArgs) -> Result<(), CliError> {
         EmbedDType::F32 => DType::F32,
         EmbedDType::F16 => DType::F16,
     };
-    let device = match &args.device {
-        Some(sel) => Device::select(sel)?,
-        None => Device::best()?,
-    };
+    let device = crate::open_device(args.device.as_deref())?;
     let dir = resolve_encoder(args.model.as_deref())?;
 
     let start = Instant::now();

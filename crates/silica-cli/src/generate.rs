@@ -1,23 +1,30 @@
 //! `silica generate`: text generation with a Llama-family model (by
 //! default the built-in SmolLM2-135M-Instruct), streamed as it is produced.
 
-use std::io::Write;
+use std::io::Read;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use silica::{DType, Device};
+use silica::DType;
 use silica_models::chat::{ChatTemplate, Message};
+use silica_models::generate::check_prompt;
 use silica_models::gguf::GgufFile;
-use silica_models::llama::{Llama, LoadOptions};
+use silica_models::llama::{Llama, LlamaConfig, LoadOptions};
 use silica_models::resolve;
 use silica_models::sampling::{Sampler, SamplingParams};
 use silica_models::tokenizer::Tokenizer;
 
-use crate::CliError;
+use crate::{CliError, emit};
 
 #[derive(clap::Args)]
 pub struct GenerateArgs {
     /// The prompt (the user's message with --chat).
-    prompt: String,
+    #[arg(required_unless_present = "file", conflicts_with = "file")]
+    prompt: Option<String>,
+    /// Read the prompt from FILE ("-": standard input) instead; one final
+    /// line end is dropped.
+    #[arg(long, short = 'f', value_name = "FILE")]
+    file: Option<PathBuf>,
     /// A GGUF file or a folder holding one [default: the built-in SmolLM2-135M-Instruct]
     #[arg(long, value_name = "PATH")]
     model: Option<String>,
@@ -27,29 +34,35 @@ pub struct GenerateArgs {
     /// A system message for --chat (replaces the template's default one).
     #[arg(long, value_name = "TEXT", requires = "chat")]
     system: Option<String>,
-    /// Most tokens to generate.
-    #[arg(long, default_value_t = 128)]
+    /// Most tokens to generate (fewer when the model's context fills up).
+    #[arg(long, value_name = "N", default_value_t = 128, allow_negative_numbers = true,
+          value_parser = parse_count)]
     max_tokens: usize,
     /// 0 picks the most likely token every time (greedy).
-    #[arg(long, default_value_t = 0.7)]
+    #[arg(long, value_name = "T", default_value_t = 0.7, allow_negative_numbers = true,
+          value_parser = parse_temperature)]
     temperature: f32,
     /// Sample from the k most likely tokens only (0: all).
-    #[arg(long, default_value_t = 40)]
+    #[arg(long, value_name = "K", default_value_t = 40, allow_negative_numbers = true,
+          value_parser = parse_count)]
     top_k: usize,
     /// Sample from the smallest set of tokens whose probability reaches p.
-    #[arg(long, default_value_t = 0.9)]
+    #[arg(long, value_name = "P", default_value_t = 0.9, allow_negative_numbers = true,
+          value_parser = parse_fraction)]
     top_p: f32,
     /// Drop tokens less likely than this fraction of the most likely one.
-    #[arg(long, default_value_t = 0.05)]
+    #[arg(long, value_name = "P", default_value_t = 0.05, allow_negative_numbers = true,
+          value_parser = parse_fraction)]
     min_p: f32,
     /// Penalize tokens already present (1: off).
-    #[arg(long, default_value_t = 1.1)]
+    #[arg(long, value_name = "X", default_value_t = 1.1, allow_negative_numbers = true,
+          value_parser = parse_penalty)]
     repeat_penalty: f32,
     /// Seed of the sampler: the same seed gives the same text.
-    #[arg(long, default_value_t = 42)]
+    #[arg(long, default_value_t = 42, allow_negative_numbers = true, value_parser = parse_seed)]
     seed: u64,
     /// Stop when the output contains this text (may repeat).
-    #[arg(long, value_name = "TEXT")]
+    #[arg(long, value_name = "TEXT", value_parser = parse_stop)]
     stop: Vec<String>,
     /// cpu, gpu, gpu:N, metal, vulkan, dx12, gl or part of an adapter's name [default: SILICA_DEVICE, else the best GPU, else the CPU]
     #[arg(long, value_name = "SEL")]
@@ -63,6 +76,54 @@ pub struct GenerateArgs {
     dequantize: bool,
 }
 
+fn parse_count(s: &str) -> Result<usize, String> {
+    s.trim()
+        .parse()
+        .map_err(|_| "expected a whole number, 0 or more".to_string())
+}
+
+fn parse_seed(s: &str) -> Result<u64, String> {
+    s.trim()
+        .parse()
+        .map_err(|_| "expected a whole number, 0 or more".to_string())
+}
+
+fn parse_number(s: &str) -> Result<f32, String> {
+    match s.trim().parse::<f32>() {
+        Ok(v) if v.is_finite() => Ok(v),
+        _ => Err("expected a finite number".to_string()),
+    }
+}
+
+fn parse_temperature(s: &str) -> Result<f32, String> {
+    match parse_number(s)? {
+        v if v >= 0.0 => Ok(v),
+        _ => Err("expected 0 (greedy) or more".to_string()),
+    }
+}
+
+fn parse_fraction(s: &str) -> Result<f32, String> {
+    match parse_number(s)? {
+        v if (0.0..=1.0).contains(&v) => Ok(v),
+        _ => Err("expected a number from 0 to 1".to_string()),
+    }
+}
+
+fn parse_penalty(s: &str) -> Result<f32, String> {
+    match parse_number(s)? {
+        v if v > 0.0 => Ok(v),
+        _ => Err("expected a number above 0 (1: off)".to_string()),
+    }
+}
+
+fn parse_stop(s: &str) -> Result<String, String> {
+    if s.is_empty() {
+        Err("the stop text is empty".to_string())
+    } else {
+        Ok(s.to_string())
+    }
+}
+
 pub fn parse_dtype(s: &str) -> Result<DType, CliError> {
     match s.to_ascii_lowercase().as_str() {
         "f32" => Ok(DType::F32),
@@ -74,19 +135,71 @@ pub fn parse_dtype(s: &str) -> Result<DType, CliError> {
     }
 }
 
+/// The prompt of `--file` ("-": standard input), one final line end dropped.
+fn read_prompt(path: &Path) -> Result<String, CliError> {
+    let (name, bytes) = if path == Path::new("-") {
+        let mut bytes = Vec::new();
+        std::io::stdin()
+            .lock()
+            .read_to_end(&mut bytes)
+            .map_err(|e| CliError::msg(format!("standard input: {e}")))?;
+        ("standard input".to_string(), bytes)
+    } else {
+        let bytes =
+            std::fs::read(path).map_err(|e| CliError::msg(format!("{}: {e}", path.display())))?;
+        (path.display().to_string(), bytes)
+    };
+    let bytes = bytes.strip_prefix(b"\xef\xbb\xbf").unwrap_or(&bytes);
+    let text = std::str::from_utf8(bytes).map_err(|e| {
+        CliError::msg(format!(
+            "{name}: not valid UTF-8 (at byte {})",
+            e.valid_up_to()
+        ))
+    })?;
+    let text = text.strip_suffix('\n').unwrap_or(text);
+    Ok(text.strip_suffix('\r').unwrap_or(text).to_string())
+}
+
 pub fn run(args: &GenerateArgs) -> Result<(), CliError> {
+    // The cheap checks first: the arguments, the prompt, the device, the
+    // model's metadata and the prompt's length; the weights last.
     let dtype = parse_dtype(&args.dtype)?;
-    if args.prompt.trim().is_empty() {
+    let prompt = match (&args.prompt, &args.file) {
+        (Some(p), _) => p.clone(),
+        (None, Some(file)) => read_prompt(file)?,
+        // clap requires one of the two
+        (None, None) => return Err(CliError::msg("no prompt: pass one, or --file FILE".into())),
+    };
+    if prompt.trim().is_empty() {
         return Err(CliError::msg("the prompt is empty".into()));
     }
-    let device = match &args.device {
-        Some(sel) => Device::select(sel)?,
-        None => Device::best()?,
-    };
+    let device = crate::open_device(args.device.as_deref())?;
     let path = resolve::resolve_decoder(args.model.as_deref())?;
     let load_start = Instant::now();
     let gguf = GgufFile::open(&path)?;
+    let config = LlamaConfig::from_gguf(&gguf)?;
     let tokenizer = Tokenizer::from_gguf(&gguf)?;
+    let prompt_ids = if args.chat {
+        let source = gguf.get("tokenizer.chat_template").and_then(|v| v.as_str());
+        let template = ChatTemplate::detect(source).ok_or_else(|| {
+            CliError::msg("--chat: the model has no chat template silica recognises (ChatML, Llama 2, Llama 3)".into())
+        })?;
+        let mut messages = Vec::new();
+        if let Some(system) = &args.system {
+            messages.push(Message {
+                role: "system".into(),
+                content: system.clone(),
+            });
+        }
+        messages.push(Message {
+            role: "user".into(),
+            content: prompt.clone(),
+        });
+        tokenizer.encode(&template.render(&messages, true), false)?
+    } else {
+        tokenizer.encode(&prompt, true)?
+    };
+    check_prompt(prompt_ids.len(), config.context_length)?;
     let opts = LoadOptions {
         dtype,
         dequantize: args.dequantize,
@@ -103,29 +216,8 @@ pub fn run(args: &GenerateArgs) -> Result<(), CliError> {
         model.config.n_layers,
         load_start.elapsed().as_secs_f64()
     );
-
-    let prompt_ids = if args.chat {
-        let source = gguf.get("tokenizer.chat_template").and_then(|v| v.as_str());
-        let template = ChatTemplate::detect(source).ok_or_else(|| {
-            CliError::msg("--chat: the model has no chat template silica recognises (ChatML, Llama 2, Llama 3)".into())
-        })?;
-        let mut messages = Vec::new();
-        if let Some(system) = &args.system {
-            messages.push(Message {
-                role: "system".into(),
-                content: system.clone(),
-            });
-        }
-        messages.push(Message {
-            role: "user".into(),
-            content: args.prompt.clone(),
-        });
-        tokenizer.encode(&template.render(&messages, true), false)?
-    } else {
-        tokenizer.encode(&args.prompt, true)?
-    };
     if !args.chat {
-        print!("{}", args.prompt);
+        emit(&prompt)?;
     }
     let mut sampler = Sampler::new(SamplingParams {
         temperature: args.temperature,
@@ -136,7 +228,6 @@ pub fn run(args: &GenerateArgs) -> Result<(), CliError> {
         seed: args.seed,
     });
     device.reset_peak_memory();
-    let mut stdout = std::io::stdout();
     let stats = silica_models::generate::generate(
         &model,
         &tokenizer,
@@ -144,12 +235,13 @@ pub fn run(args: &GenerateArgs) -> Result<(), CliError> {
         &mut sampler,
         args.max_tokens,
         &args.stop,
+        // a closed pipe ends the program (emit); other write errors
+        // must not stop the generation
         |piece| {
-            let _ = stdout.write_all(piece.as_bytes());
-            let _ = stdout.flush();
+            let _ = emit(piece);
         },
     )?;
-    println!();
+    emit("\n")?;
     let peak = device.memory_stats().peak_allocated;
     let memory = if device.is_gpu() {
         format!(
@@ -165,7 +257,11 @@ pub fn run(args: &GenerateArgs) -> Result<(), CliError> {
         stats.prefill_time.as_secs_f64() * 1e3,
         stats.generated_tokens,
         stats.decode_tokens_per_second(),
-        stats.stop_reason
+        if stats.stop_reason == "context full" {
+            format!("context full ({} tokens)", model.config.context_length)
+        } else {
+            stats.stop_reason.to_string()
+        }
     );
     Ok(())
 }

@@ -2,8 +2,9 @@
 //!
 //! Every subcommand lives in its own module and returns `Result<(), CliError>`;
 //! `main` turns an error into one line `error: <message>` on stderr and exit
-//! status 2. Panics are reported the same way, without a backtrace unless
-//! `RUST_BACKTRACE` is set.
+//! status 2. Command-line syntax errors found by clap get the same one line
+//! (clap's message without its usage block), and panics too, without a
+//! backtrace unless `RUST_BACKTRACE` is set.
 
 mod bench;
 mod devices;
@@ -67,7 +68,10 @@ const ERROR_STATUS: u8 = 2;
 
 fn main() -> ExitCode {
     init_tracing();
-    let cli = Cli::parse(); // usage errors: clap prints them and exits with status 2
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage_error(&e),
+    };
     install_panic_hook();
     match panic::catch_unwind(AssertUnwindSafe(|| run(cli))) {
         Ok(Ok(())) => ExitCode::SUCCESS,
@@ -77,6 +81,59 @@ fn main() -> ExitCode {
         }
         // the panic hook already printed the message
         Err(_) => ExitCode::from(ERROR_STATUS),
+    }
+}
+
+/// Prints `--help` and `--version` as clap does (status 0); any other
+/// command-line error as one `error:` line (status 2).
+fn usage_error(e: &clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    if matches!(
+        e.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    ) {
+        // help on stdout (status 0), or on stderr for a bare `silica` (status 2)
+        e.exit();
+    }
+    eprintln!("error: {}", clap_message(&e.render().to_string()));
+    ExitCode::from(ERROR_STATUS)
+}
+
+/// clap's rendered error on one line: its paragraphs joined with "; ",
+/// without the usage block, with "(see --help)" for its closing pointer.
+fn clap_message(rendered: &str) -> String {
+    let mut parts = Vec::new();
+    let mut help = false;
+    for para in rendered.split("\n\n") {
+        let para = para.trim();
+        if para.is_empty() || para.starts_with("Usage:") {
+            continue;
+        }
+        if para.starts_with("For more information") {
+            help = true;
+            continue;
+        }
+        parts.push(one_line(para.strip_prefix("error:").unwrap_or(para)));
+    }
+    let mut msg = parts.join("; ");
+    if help {
+        msg.push_str(" (see --help)");
+    }
+    msg
+}
+
+/// The device `--device SEL` names, else the one `SILICA_DEVICE` names (its
+/// errors say so), else the best GPU, else the CPU.
+pub fn open_device(selector: Option<&str>) -> Result<silica::Device, CliError> {
+    use silica::Device;
+    match selector {
+        Some(sel) => Ok(Device::select(sel)?),
+        None => Device::best().map_err(|e| match std::env::var("SILICA_DEVICE") {
+            Ok(env) if !env.trim().is_empty() => CliError(format!("SILICA_DEVICE={env}: {e}")),
+            _ => e.into(),
+        }),
     }
 }
 

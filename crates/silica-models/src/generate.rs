@@ -31,6 +31,21 @@ impl GenerationStats {
     }
 }
 
+/// Checks that a prompt of `tokens` tokens leaves room in a context of
+/// `context` positions for at least one generated token (what [`generate`]
+/// checks first; callers may check before loading the weights).
+pub fn check_prompt(tokens: usize, context: usize) -> Result<()> {
+    if tokens == 0 {
+        return Err(Error::InvalidInput("the prompt is empty".into()));
+    }
+    if tokens >= context {
+        return Err(Error::InvalidInput(format!(
+            "the prompt has {tokens} tokens; the model's context holds {context}"
+        )));
+    }
+    Ok(())
+}
+
 /// Generates up to `max_tokens` after `prompt` (token ids), calling
 /// `on_text` with each piece of decoded text. Stops at an end-of-sequence
 /// token, at one of `stop` strings (not printed), or when the context is full.
@@ -43,16 +58,8 @@ pub fn generate(
     stop: &[String],
     mut on_text: impl FnMut(&str),
 ) -> Result<GenerationStats> {
-    if prompt.is_empty() {
-        return Err(Error::InvalidInput("the prompt is empty".into()));
-    }
     let context = model.config.context_length;
-    if prompt.len() >= context {
-        return Err(Error::InvalidInput(format!(
-            "the prompt has {} tokens; the model's context holds {context}",
-            prompt.len()
-        )));
-    }
+    check_prompt(prompt.len(), context)?;
     let mut cache = model.new_cache();
     let mut stats = GenerationStats {
         prompt_tokens: prompt.len(),
