@@ -5,15 +5,15 @@
 //!   (the default MiniLM folder) fail with `silica::Error::OutOfMemory`, the
 //!   partly loaded weights are all freed (the allocator's counters return to
 //!   their values before the load), and the same device then loads and runs
-//!   a smaller model, and the large one once the limit is lifted. The CPU
-//!   device keeps no memory accounting: it ignores the limit.
+//!   a smaller model, and the large one once the limit is lifted; on the
+//!   first GPU and on the CPU.
 //! * The context: with a tiny random model of 64 positions, generation
 //!   stops with `context full` after the last position, its tokens are
 //!   those of one uncached forward pass over the whole sequence, and a
 //!   `forward` past the context is an error that leaves the cache as it was.
 //!
 //! The memory limit belongs to the device, which every test of this binary
-//! shares, so the GPU parts take one lock.
+//! shares (the CPU's is process-wide), so every test takes one lock.
 
 #[path = "common/tiny_llama.rs"]
 mod tiny_llama;
@@ -264,14 +264,38 @@ fn an_encoder_larger_than_the_memory_limit_fails_to_load_and_frees_what_it_took(
 }
 
 #[test]
-fn the_cpu_keeps_no_memory_accounting_and_ignores_a_limit() {
+fn on_the_cpu_too_a_decoder_larger_than_the_memory_limit_fails_to_load() {
+    let _serial = lock_device_state();
     let cpu = Device::cpu();
-    cpu.set_memory_limit(Some(1));
-    assert_eq!(cpu.memory_stats(), MemoryStats::default());
-    let (model, tok) = tiny_model(&cpu).expect("the CPU loads under any limit");
-    let prompt = tok.encode("a b", true).unwrap();
-    assert_eq!(greedy(&model, &tok, &prompt, 2).0.len(), 2);
+    let big_path = resolve_decoder(None).expect("the default decoder");
+    let big = GgufFile::open(&big_path).unwrap();
+    let big_bytes: u64 = big.tensors().iter().map(|t| t.size).sum();
+    let base = cpu.memory_stats();
+    let _unlimit = NoLimitOnDrop(cpu.clone());
+    for room in [MIB, big_bytes / 2] {
+        let limit = base.allocated + room;
+        cpu.set_memory_limit(Some(limit));
+        assert_out_of_memory(
+            Llama::load(&big, &cpu, DType::F32),
+            limit,
+            &format!("SmolLM2 on the CPU with {room} bytes of room"),
+        );
+        let after = cpu.memory_stats();
+        assert_eq!(after.allocated, base.allocated, "{after:?} vs {base:?}");
+        assert_eq!(after.live_buffers, base.live_buffers);
+    }
+    // under the same limit a smaller model loads and generates what it
+    // generates without one
+    cpu.set_memory_limit(Some(base.allocated + 4 * Tiny::new(CONTEXT).weight_bytes()));
+    let (tiny, tok) = tiny_model(&cpu).expect("the tiny model fits");
+    let prompt = tok.encode("a b c", true).unwrap();
+    let tokens = greedy(&tiny, &tok, &prompt, 8).0;
     cpu.set_memory_limit(None);
+    assert_eq!(tokens, greedy(&tiny, &tok, &prompt, 8).0);
+    drop(tiny);
+    let model = Llama::load(&big, &cpu, DType::F32).expect("SmolLM2 loads without a limit");
+    drop(model);
+    assert_eq!(cpu.memory_stats().allocated, base.allocated);
 }
 
 /// Generation until the context is full, checked against one uncached
@@ -364,6 +388,7 @@ fn check_context(dev: &Device) {
 
 #[test]
 fn generation_stops_at_the_end_of_the_context_on_the_cpu() {
+    let _serial = lock_device_state();
     check_context(&Device::cpu());
 }
 

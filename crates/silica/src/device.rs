@@ -411,10 +411,11 @@ impl Device {
     }
 
     /// Memory counters (allocated, reserved, peak, buffers), like
-    /// `torch.cuda.memory_stats`. The CPU reports zeros.
+    /// `torch.cuda.memory_stats`. The CPU counts the bytes of its tensors
+    /// (process-wide; nothing is cached, so reserved equals allocated).
     pub fn memory_stats(&self) -> MemoryStats {
         match self {
-            Device::Cpu => MemoryStats::default(),
+            Device::Cpu => crate::memory::host_stats(),
             Device::Gpu(g) => g.memory().stats(),
         }
     }
@@ -429,15 +430,17 @@ impl Device {
     /// Caps the bytes this device may reserve; `None` removes the cap.
     /// Allocations beyond it fail with [`Error::OutOfMemory`].
     pub fn set_memory_limit(&self, limit: Option<u64>) {
-        if let Device::Gpu(g) = self {
-            g.memory().set_limit(limit);
+        match self {
+            Device::Cpu => crate::memory::host_set_limit(limit),
+            Device::Gpu(g) => g.memory().set_limit(limit),
         }
     }
 
     /// Resets the peak counter to the current allocation.
     pub fn reset_peak_memory(&self) {
-        if let Device::Gpu(g) = self {
-            g.memory().reset_peak();
+        match self {
+            Device::Cpu => crate::memory::host_reset_peak(),
+            Device::Gpu(g) => g.memory().reset_peak(),
         }
     }
 

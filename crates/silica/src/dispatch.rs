@@ -62,7 +62,7 @@ fn run_on_cpu(
         .collect::<Result<_>>()?;
     let refs: Vec<&Tensor> = host.iter().collect();
     match CpuBackend.execute(op, &refs, out_shape, out_dtype)? {
-        Storage::Cpu(c) => Ok(c),
+        Storage::Cpu(c, _) => Ok(c),
         // invariant: the CPU backend only produces host storage
         Storage::Gpu(_) => unreachable!("the CPU backend returned GPU storage"),
     }

@@ -1,9 +1,12 @@
-//! The GPU caching allocator and its counters.
+//! The GPU caching allocator and its counters, and the counters of the
+//! host's tensors.
 //!
 //! Buffers are rounded up to size classes (at most 1/8 waste above 256
 //! bytes) and kept in per-class free lists when their tensors drop, so a
 //! steady workload stops allocating after its first iteration, as PyTorch's
-//! CUDA caching allocator does.
+//! CUDA caching allocator does. Host tensors are plain vectors that the
+//! system allocator hands out and takes back: they are counted (exact
+//! bytes, nothing cached) and held to the CPU device's limit.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -216,5 +219,84 @@ mod tests {
             let c = size_class(b);
             assert!(c >= b && c - b <= b / 8 + 1, "{b} -> {c}");
         }
+    }
+}
+
+/// The CPU device's counters: every host tensor's storage holds a
+/// [`HostBlock`] for its bytes.
+static HOST: Mutex<MemoryStats> = Mutex::new(MemoryStats {
+    allocated: 0,
+    reserved: 0,
+    peak_allocated: 0,
+    live_buffers: 0,
+    cached_buffers: 0,
+    limit: None,
+});
+
+fn host() -> MutexGuard<'static, MemoryStats> {
+    // the counters stay consistent even if a holder panicked
+    HOST.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn host_oom(requested: u64, s: &MemoryStats) -> Error {
+    Error::OutOfMemory {
+        device: "cpu".into(),
+        requested,
+        allocated: s.allocated,
+        limit: s.limit,
+    }
+}
+
+pub(crate) fn host_stats() -> MemoryStats {
+    *host()
+}
+
+pub(crate) fn host_set_limit(limit: Option<u64>) {
+    host().limit = limit;
+}
+
+pub(crate) fn host_reset_peak() {
+    let mut s = host();
+    s.peak_allocated = s.allocated;
+}
+
+/// Whether `bytes` more would fit the CPU device's limit (checked before a
+/// kernel computes a result of that size).
+pub(crate) fn host_check(bytes: u64) -> Result<()> {
+    let s = host();
+    match s.limit {
+        Some(limit) if s.allocated.saturating_add(bytes) > limit => Err(host_oom(bytes, &s)),
+        _ => Ok(()),
+    }
+}
+
+/// The bytes of one host tensor's storage, counted while it lives.
+#[derive(Debug)]
+pub(crate) struct HostBlock {
+    bytes: u64,
+}
+
+impl HostBlock {
+    /// Counts `bytes` more, or fails if they exceed the limit.
+    pub(crate) fn take(bytes: u64) -> Result<HostBlock> {
+        let mut s = host();
+        let allocated = s.allocated.saturating_add(bytes);
+        if s.limit.is_some_and(|limit| allocated > limit) {
+            return Err(host_oom(bytes, &s));
+        }
+        s.allocated = allocated;
+        s.reserved = allocated;
+        s.peak_allocated = s.peak_allocated.max(allocated);
+        s.live_buffers += 1;
+        Ok(HostBlock { bytes })
+    }
+}
+
+impl Drop for HostBlock {
+    fn drop(&mut self) {
+        let mut s = host();
+        s.allocated -= self.bytes;
+        s.reserved = s.allocated;
+        s.live_buffers -= 1;
     }
 }

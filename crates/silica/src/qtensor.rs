@@ -97,7 +97,7 @@ impl QTensor {
             Device::Cpu => {
                 let mut words = vec![0u32; n_words];
                 bytemuck::cast_slice_mut::<u32, u8>(&mut words)[..len].copy_from_slice(bytes);
-                Storage::Cpu(CpuStorage::U32(words))
+                Storage::host(CpuStorage::U32(words))?
             }
             // straight from the caller's bytes (a memory-mapped file) to the device
             Device::Gpu(g) => Storage::Gpu(g.upload_bytes(bytes)?),

@@ -4,12 +4,23 @@ use half::{bf16, f16};
 
 use crate::backend::gpu::GpuBuffer;
 use crate::layout::Layout;
-use crate::{DType, Element};
+use crate::memory::HostBlock;
+use crate::{DType, Element, Result};
 
 /// The storage behind one or more tensor views.
 pub(crate) enum Storage {
-    Cpu(CpuStorage),
+    /// Host elements and their place in the CPU device's counters (held
+    /// for its `Drop`, which gives the bytes back).
+    Cpu(CpuStorage, #[allow(dead_code)] HostBlock),
     Gpu(GpuBuffer),
+}
+
+impl Storage {
+    /// Host storage, counted against the CPU device's memory limit.
+    pub(crate) fn host(data: CpuStorage) -> Result<Storage> {
+        let block = HostBlock::take(data.as_bytes().len() as u64)?;
+        Ok(Storage::Cpu(data, block))
+    }
 }
 
 /// Host elements, typed.

@@ -146,7 +146,7 @@ impl Tensor {
     pub(crate) fn from_cpu(data: CpuStorage, shape: &[usize], device: &Device) -> Result<Tensor> {
         let dtype = data.dtype();
         let storage = match device {
-            Device::Cpu => Storage::Cpu(data),
+            Device::Cpu => Storage::host(data)?,
             Device::Gpu(g) => Storage::Gpu(g.upload(&data)?),
         };
         Ok(Tensor::from_parts(storage, shape, dtype, device.clone()))
@@ -244,7 +244,7 @@ impl Tensor {
     /// no GPU op runs (check mode compares ops through this path).
     pub(crate) fn to_host(&self) -> Result<CpuStorage> {
         match (self.storage.as_ref(), &self.device) {
-            (Storage::Cpu(c), _) => Ok(c.gather(&self.layout)),
+            (Storage::Cpu(c, _), _) => Ok(c.gather(&self.layout)),
             (Storage::Gpu(b), Device::Gpu(g)) => {
                 let start = self.layout.offset();
                 let span = self.layout.storage_extent().saturating_sub(start);
@@ -334,7 +334,7 @@ impl Tensor {
         // invariant: made unique just above
         let storage = Arc::get_mut(&mut self.storage).expect("a storage of its own");
         match (storage, &device) {
-            (Storage::Cpu(c), _) => {
+            (Storage::Cpu(c, _), _) => {
                 c.write_at(offset, &src.to_host()?);
                 Ok(())
             }

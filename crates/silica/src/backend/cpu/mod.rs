@@ -21,7 +21,7 @@ const PAR_MIN: usize = 1 << 14;
 /// The host storage of a tensor the dispatcher placed on the CPU.
 fn host(t: &Tensor) -> &CpuStorage {
     match t.storage() {
-        Storage::Cpu(c) => c,
+        Storage::Cpu(c, _) => c,
         // invariant: the dispatcher moves every input to the host before calling the CPU backend
         Storage::Gpu(_) => unreachable!("CPU kernel given a GPU tensor"),
     }
@@ -35,6 +35,9 @@ impl Backend for CpuBackend {
         out_shape: &[usize],
         out_dtype: DType,
     ) -> Result<Storage> {
+        // refuse a result over the CPU's memory limit before computing it
+        let numel = out_shape.iter().product::<usize>() as u64;
+        crate::memory::host_check(numel.saturating_mul(out_dtype.size_in_bytes() as u64))?;
         let out = match *op {
             Op::Unary(u) => elementwise::unary(u, inputs[0], out_dtype),
             Op::Binary(b) => elementwise::binary(b, inputs[0], inputs[1], out_dtype),
@@ -60,6 +63,6 @@ impl Backend for CpuBackend {
             Op::Attention { scale, causal } => nn::attention(inputs, scale, causal, out_dtype),
         };
         debug_assert_eq!(out.len(), out_shape.iter().product::<usize>());
-        Ok(Storage::Cpu(out))
+        Storage::host(out)
     }
 }

@@ -56,7 +56,7 @@ pub(crate) fn buffer(t: &Tensor) -> &wgpu::Buffer {
     match t.storage() {
         Storage::Gpu(b) => b.raw(),
         // invariant: the dispatcher only hands GPU tensors to GPU kernels
-        Storage::Cpu(_) => unreachable!("GPU kernel given a CPU tensor"),
+        Storage::Cpu(..) => unreachable!("GPU kernel given a CPU tensor"),
     }
 }
 
