@@ -1,10 +1,10 @@
 //! Memory soak: a seeded random loop that builds tensors of random shapes
 //! (awkward sizes, empty ones, transposed, narrowed, broadcast and permuted
 //! views) and dtypes (f32, f16, bf16, u32, i64), runs ops on them
-//! (elementwise, broadcasting, reductions, softmax, matmul, norms, casts,
-//! copies, cat, index_select, in-place writes, transfers) on the CPU and on
-//! every GPU adapter, checks every result against a host reference, and
-//! drops everything. Each device gets three passes: a warm-up, the very
+//! (elementwise, broadcasting, comparisons and `where`, reductions,
+//! softmax, matmul, norms, casts, copies, cat, index_select, in-place
+//! writes, transfers) on the CPU and on every GPU adapter, checks every
+//! result against a host reference, and drops everything. Each device gets three passes: a warm-up, the very
 //! same pass again (same seed), and a pass from a new seed. After each:
 //!
 //! - the GPU allocator's `allocated` bytes and live buffers equal their
@@ -26,6 +26,7 @@
 
 mod common;
 
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
@@ -46,6 +47,14 @@ const RSS_BOUND: u64 = 16 * MIB;
 /// loop's live tensors take at most a few MiB at once, and a cache that
 /// reuses its buffers settles near that.
 const RESERVED_BOUND: u64 = 64 * MIB;
+
+/// Resident memory is a process-wide figure and the GPU counters are per
+/// device: the tests of this binary take this lock and run one at a time.
+static PROCESS_STATE: Mutex<()> = Mutex::new(());
+
+fn lock_process_state() -> MutexGuard<'static, ()> {
+    PROCESS_STATE.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// Resident set size of this process, from /proc (Linux); `None` elsewhere.
 fn rss_bytes() -> Option<u64> {
@@ -224,7 +233,7 @@ const BINARY: [BinaryOp; 6] = [
 /// iteration made (inputs, intermediates and results).
 fn iteration(rng: &mut StdRng, dev: &Device) -> usize {
     let cpu = Device::cpu();
-    match rng.random_range(0..12) {
+    match rng.random_range(0..13) {
         0 => {
             let dtype = float(rng);
             let shape = random_shape(rng, 4, true);
@@ -311,11 +320,8 @@ fn iteration(rng: &mut StdRng, dev: &Device) -> usize {
             perm.push(d);
             let vals = host(&x.permute(&perm).unwrap());
             let len = shape[d];
-            let rows = if len == 0 {
-                out_shape.iter().product()
-            } else {
-                vals.len() / len
-            };
+            // one output per row, also when the rows are empty
+            let rows: usize = out_shape.iter().product();
             let mut want = Vec::with_capacity(rows);
             let mut scale = Vec::with_capacity(rows);
             for i in 0..rows {
@@ -492,7 +498,17 @@ fn iteration(rng: &mut StdRng, dev: &Device) -> usize {
             let ids: Vec<u32> = (0..rng.random_range(1..9))
                 .map(|_| rng.random_range(0..total as u32))
                 .collect();
-            let idx = Tensor::from_slice(&ids, &[ids.len()], dev).unwrap();
+            // the ids as u32 or i64, sometimes a view at an offset
+            let idx = if rng.random_bool(0.5) {
+                Tensor::from_slice(&ids, &[ids.len()], dev).unwrap()
+            } else {
+                let mut wide: Vec<i64> = vec![0, 0];
+                wide.extend(ids.iter().map(|&i| i as i64));
+                Tensor::from_vec(wide, &[ids.len() + 2], dev)
+                    .unwrap()
+                    .narrow(0, 2, ids.len())
+                    .unwrap()
+            };
             let g = c.index_select(d as isize, &idx).unwrap();
             for (j, &id) in ids.iter().enumerate() {
                 let want = host(&c.narrow(d as isize, id as usize, 1).unwrap());
@@ -526,6 +542,32 @@ fn iteration(rng: &mut StdRng, dev: &Device) -> usize {
             let what = format!("rms_norm {dtype} {shape:?}");
             check(&what, &y, &want, Some(&scale), tol(dtype) * 4.0);
             3
+        }
+        12 => {
+            // a comparison mask selecting between two broadcast operands
+            let dtype = float(rng);
+            let shape = random_shape(rng, 3, true);
+            let x = input(rng, &shape, dtype, dev);
+            let y = input(rng, &shape, dtype, dev);
+            let mask = x.gt(&y).unwrap();
+            assert_eq!(mask.dtype(), DType::U32);
+            let z = mask.where_cond(&y, &x).unwrap();
+            let (xs, ys) = (host(&x), host(&y));
+            let want_mask: Vec<f64> = xs
+                .iter()
+                .zip(&ys)
+                .map(|(a, b)| if a > b { 1.0 } else { 0.0 })
+                .collect();
+            check(
+                &format!("gt {dtype} {shape:?}"),
+                &mask,
+                &want_mask,
+                None,
+                0.0,
+            );
+            let want: Vec<f64> = xs.iter().zip(&ys).map(|(a, b)| a.min(*b)).collect();
+            check(&format!("where {dtype} {shape:?}"), &z, &want, None, 0.0);
+            4
         }
         _ => {
             // rows written in place into a buffer
@@ -716,6 +758,7 @@ fn soak(dev: &Device, default_iters: usize, seed: u64) {
 
 #[test]
 fn tensors_of_random_shapes_and_dtypes_leave_no_memory_behind() {
+    let _serial = lock_process_state();
     soak(&Device::cpu(), 3000, 7);
     for dev in common::gpu_devices() {
         soak(&dev, 1000, 8);
@@ -727,6 +770,7 @@ fn tensors_of_random_shapes_and_dtypes_leave_no_memory_behind() {
 /// stacked parameter) gave the wrong rows' values. Found by the soak above.
 #[test]
 fn norm_parameters_may_be_views_at_an_offset() {
+    let _serial = lock_process_state();
     let mut devices = vec![Device::cpu()];
     devices.extend(common::gpu_devices());
     for dev in devices {
