@@ -4,7 +4,7 @@
 //! included) get results identical, bit for bit, to the same workloads run
 //! one after the other; on the CPU and on every GPU adapter.
 //!
-//! `SILICA_STRESS_STEPS` sets the steps per thread (default 50, about 20
+//! `SILICA_STRESS_STEPS` sets the steps per thread (default 50, about 30
 //! ops and 12 read-backs each).
 
 mod common;
@@ -148,6 +148,10 @@ fn workload(dev: &Device, shared: &Shared, seed: u64, steps: usize) -> Vec<Vec<u
             .contiguous()
             .unwrap();
         out.push(bytes(&ints.to_dtype(DType::F32).unwrap()));
+        // a product large enough for the CPU kernel to split over rayon's threads
+        let a = Tensor::randn(&[64, 256], dtype, s + 4, dev).unwrap();
+        let b = Tensor::randn(&[96, 256], dtype, s + 5, dev).unwrap();
+        out.push(bytes(&a.matmul(&b.t().unwrap()).unwrap()));
         // to the CPU and back
         let back = z.to_device(&cpu).unwrap().to_device(dev).unwrap();
         out.push(bytes(&back.mul(&z).unwrap()));
