@@ -37,6 +37,17 @@ impl AttentionOpts {
     }
 }
 
+/// A norm's weight or bias as the kernels read it: contiguous from the
+/// start of its storage (the GPU kernels take no offset for these, so a
+/// narrowed view, such as one row of a stacked parameter, is copied).
+fn packed_row_param(p: &Tensor) -> Result<Tensor> {
+    if p.is_contiguous() && p.layout().offset() == 0 {
+        Ok(p.clone())
+    } else {
+        p.copy()
+    }
+}
+
 impl Tensor {
     fn check_row_param(&self, op: &'static str, name: &str, p: &Tensor) -> Result<()> {
         self.same_device(p, op)?;
@@ -79,7 +90,7 @@ impl Tensor {
         let op = Op::RmsNorm { eps };
         self.require_rank(op.name(), 1)?;
         self.check_row_param(op.name(), "weight", weight)?;
-        let w = weight.contiguous()?;
+        let w = packed_row_param(weight)?;
         run(op, &[self, &w], self.shape().to_vec(), self.dtype())
     }
 
@@ -90,8 +101,8 @@ impl Tensor {
         self.require_rank(op.name(), 1)?;
         self.check_row_param(op.name(), "weight", weight)?;
         self.check_row_param(op.name(), "bias", bias)?;
-        let w = weight.contiguous()?;
-        let b = bias.contiguous()?;
+        let w = packed_row_param(weight)?;
+        let b = packed_row_param(bias)?;
         run(op, &[self, &w, &b], self.shape().to_vec(), self.dtype())
     }
 
