@@ -81,6 +81,26 @@ impl SafetensorsFile {
         // next to the bytes.
         let (header_len, metadata) =
             SafeTensors::read_metadata(bytes).map_err(|e| format_error(&path, bytes, e))?;
+        // The crate multiplies the dimensions to check them against the
+        // data, and a zero-sized tensor ([0, 2^40, 2^40]) passes that
+        // whatever its other dimensions; those must still multiply without
+        // overflow, as a tensor's strides are their products.
+        for (name, info) in metadata.tensors() {
+            let mut non_zero = info.shape.iter().filter(|&&d| d != 0);
+            if non_zero
+                .try_fold(1usize, |n, &d| n.checked_mul(d))
+                .is_none()
+            {
+                return Err(Error::Format {
+                    path,
+                    offset: LEN_FIELD as u64,
+                    msg: format!(
+                        "tensor `{name}`: the dimensions of shape {:?} overflow",
+                        info.shape
+                    ),
+                });
+            }
+        }
         Ok(SafetensorsFile {
             path,
             data_start: LEN_FIELD + header_len,

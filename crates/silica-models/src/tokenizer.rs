@@ -688,10 +688,18 @@ fn byte_level_pre_tokenizer(pre: &str) -> Result<PreTokenizerWrapper> {
 fn merges_from_scores(tokens: &[&str], scores: &[f64]) -> Vec<(String, String)> {
     // token -> id (the last id of a duplicated token, like a Python dict)
     let vocab: HashMap<&str, usize> = tokens.iter().enumerate().map(|(i, &t)| (t, i)).collect();
-    // token -> score, in order of first appearance (last score wins)
+    // token -> score, in order of first appearance (last score wins). A NaN
+    // score ranks below every number and -0 counts as 0, so that the scores
+    // are totally ordered (sorting by a comparison that is not a total order
+    // panics).
     let mut order: Vec<&str> = Vec::with_capacity(tokens.len());
     let mut score_of: HashMap<&str, f64> = HashMap::with_capacity(tokens.len());
     for (&t, &s) in tokens.iter().zip(scores) {
+        let s = if s.is_nan() {
+            f64::NEG_INFINITY
+        } else {
+            s + 0.0
+        };
         if score_of.insert(t, s).is_none() {
             order.push(t);
         }
@@ -713,8 +721,7 @@ fn merges_from_scores(tokens: &[&str], scores: &[f64]) -> Vec<(String, String)> 
     // Stable sort, descending.
     merges.sort_by(|a, b| {
         let (ka, kb) = (key(a), key(b));
-        kb.0.partial_cmp(&ka.0)
-            .unwrap_or(std::cmp::Ordering::Equal)
+        kb.0.total_cmp(&ka.0)
             .then(kb.1.cmp(&ka.1))
             .then(kb.2.cmp(&ka.2))
     });
