@@ -14,6 +14,29 @@ pub struct Layout {
     offset: usize,
 }
 
+/// Largest number of elements a shape may describe: a tensor of 8-byte
+/// elements must stay addressable with `isize`.
+const MAX_ELEMENTS: usize = isize::MAX as usize / 8;
+
+/// Checks that `shape` is one a tensor can have and returns its number of
+/// elements. Not only the element count must fit: the product of the
+/// non-zero dimensions must too, since the strides of a contiguous layout
+/// are products of the trailing dimensions whether or not another one is 0
+/// (`[0, 2^40, 2^40]` holds no element but its strides overflow).
+pub fn check_shape(op: &'static str, shape: &[usize]) -> Result<usize> {
+    let span = shape
+        .iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d.max(1)))
+        .filter(|&n| n <= MAX_ELEMENTS);
+    match span {
+        Some(_) => Ok(numel(shape)),
+        None => Err(Error::InvalidArgument {
+            op,
+            msg: format!("shape {shape:?} has too many elements"),
+        }),
+    }
+}
+
 /// Row-major strides of a contiguous tensor of `shape`.
 pub fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
     let mut strides = vec![1; shape.len()];
@@ -57,6 +80,7 @@ pub fn broadcast_shapes(op: &'static str, a: &[usize], b: &[usize]) -> Result<Ve
             }
         };
     }
+    check_shape(op, &out)?;
     Ok(out)
 }
 

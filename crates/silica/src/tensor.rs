@@ -155,6 +155,10 @@ impl Tensor {
     /// A tensor filled with `value` (converted to `dtype`).
     pub fn full(value: f64, shape: &[usize], dtype: DType, device: &Device) -> Result<Tensor> {
         let n = checked_numel("full", shape)?;
+        if device.is_cpu() {
+            // refuse before asking the host for memory beyond the limit
+            crate::memory::host_check((n * dtype.size_in_bytes()) as u64)?;
+        }
         if let (Device::Gpu(g), true) = (device, value == 0.0) {
             let buf = g.zeros(n * dtype.size_in_bytes())?;
             return Ok(Tensor::from_parts(
@@ -200,6 +204,10 @@ impl Tensor {
     /// the same values on every device.
     pub fn randn(shape: &[usize], dtype: DType, seed: u64, device: &Device) -> Result<Tensor> {
         let n = checked_numel("randn", shape)?;
+        if device.is_cpu() {
+            // refuse before asking the host for memory beyond the limit
+            crate::memory::host_check((n * dtype.size_in_bytes()) as u64)?;
+        }
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
         let values: Vec<f64> = (0..n)
             .map(|_| rng.sample::<f64, _>(StandardNormal))
@@ -210,6 +218,10 @@ impl Tensor {
     /// Uniform samples in `[0, 1)` from a seeded generator.
     pub fn rand(shape: &[usize], dtype: DType, seed: u64, device: &Device) -> Result<Tensor> {
         let n = checked_numel("rand", shape)?;
+        if device.is_cpu() {
+            // refuse before asking the host for memory beyond the limit
+            crate::memory::host_check((n * dtype.size_in_bytes()) as u64)?;
+        }
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
         let values: Vec<f64> = (0..n).map(|_| rng.random::<f64>()).collect();
         Tensor::from_cpu(CpuStorage::from_f64(&values, dtype), shape, device)
@@ -422,6 +434,7 @@ impl Tensor {
                 hint: "each dimension must match or be 1".into(),
             });
         }
+        crate::layout::check_shape("broadcast_to", shape)?;
         if shape == self.shape() {
             return Ok(self.clone());
         }
@@ -482,12 +495,5 @@ impl Tensor {
 
 /// The element count of `shape`, or an error when it overflows.
 fn checked_numel(op: &'static str, shape: &[usize]) -> Result<usize> {
-    shape
-        .iter()
-        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
-        .filter(|&n| n <= isize::MAX as usize / 8)
-        .ok_or_else(|| Error::InvalidArgument {
-            op,
-            msg: format!("shape {shape:?} has too many elements"),
-        })
+    crate::layout::check_shape(op, shape)
 }

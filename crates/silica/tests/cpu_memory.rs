@@ -37,6 +37,10 @@ fn cpu_counters_follow_tensors_and_a_limit_gives_out_of_memory() {
     let n = 1usize << 19; // 2 MiB of f32
     let attempts: Vec<(&str, silica::Result<Tensor>)> = vec![
         ("zeros", Tensor::zeros(&[n], DType::F32, &cpu)),
+        // refused before the host memory is asked for: 4 TiB would abort
+        ("huge zeros", Tensor::zeros(&[1 << 40], DType::F32, &cpu)),
+        ("huge ones", Tensor::ones(&[1 << 40], DType::F32, &cpu)),
+        ("huge randn", Tensor::randn(&[1 << 40], DType::F32, 1, &cpu)),
         ("from_vec", Tensor::from_vec(vec![1f32; n], &[n], &cpu)),
         (
             "broadcast add",

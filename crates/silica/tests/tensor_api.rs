@@ -193,6 +193,47 @@ fn from_slice_with_a_wrong_element_count() {
     assert!(matches!(e, Error::InvalidArgument { .. }), "{e:?}");
 }
 
+/// A shape with a 0 holds no element, but its contiguous strides are still
+/// products of the other dimensions: those must not overflow either (found
+/// by fuzzing the safetensors loader with `[0, 2^40, 2^40]`).
+#[test]
+fn empty_shapes_whose_other_dimensions_overflow_are_errors() {
+    let huge = [0, 1 << 40, 1 << 40];
+    let dev = cpu();
+    let zeros = Tensor::zeros(&huge, DType::F32, &dev);
+    assert!(
+        matches!(zeros, Err(Error::InvalidArgument { .. })),
+        "{zeros:?}"
+    );
+    let from = Tensor::from_vec(Vec::<f32>::new(), &huge, &dev);
+    assert!(
+        matches!(from, Err(Error::InvalidArgument { .. })),
+        "{from:?}"
+    );
+    let empty = Tensor::zeros(&[0, 4], DType::F32, &dev).unwrap();
+    let reshaped = empty.reshape(&huge);
+    assert!(
+        matches!(reshaped, Err(Error::InvalidArgument { .. })),
+        "{reshaped:?}"
+    );
+    let one = Tensor::zeros(&[1, 1], DType::F32, &dev).unwrap();
+    let wide = one.broadcast_to(&[1 << 40, 1 << 40]);
+    assert!(
+        matches!(wide, Err(Error::InvalidArgument { .. })),
+        "{wide:?}"
+    );
+    // two legal operands whose broadcast shape would overflow
+    let a = Tensor::zeros(&[0, 1 << 40, 1], DType::F32, &dev).unwrap();
+    let b = one.broadcast_to(&[1, 1, 1 << 30]).unwrap();
+    let sum = a.add(&b);
+    assert!(matches!(sum, Err(Error::InvalidArgument { .. })), "{sum:?}");
+    // empty shapes with sane dimensions still work, strides and all
+    let ok = Tensor::zeros(&[3, 0, 1 << 20], DType::F32, &dev).unwrap();
+    assert_eq!(ok.numel(), 0);
+    assert_eq!(ok.layout().strides(), &[0, 1 << 20, 1]);
+    assert_eq!(ok.sum(-1, false).unwrap().shape(), &[3, 0]);
+}
+
 #[test]
 fn dimensions_out_of_range() {
     let t = iota(&[2, 3]);
