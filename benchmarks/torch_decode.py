@@ -8,6 +8,7 @@ model of SmolLM2-135M's shape is used (speed does not depend on values).
 
     python3 benchmarks/torch_decode.py --device cpu --dtype float32 --threads 2 --gguf PATH
     python3 benchmarks/torch_decode.py --device cuda --dtype float16
+    python3 benchmarks/torch_decode.py --device cuda --dtype float16 --shape llama-1b --compile
 """
 
 import argparse
@@ -23,6 +24,13 @@ SMOLLM2_135M = dict(
     num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
     rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=True,
 )
+# Llama 3.2 1B, the shape of `silica quantize --synthetic llama-1b`
+LLAMA_1B = dict(
+    vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+    num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=131072,
+    rope_theta=500000.0, rms_norm_eps=1e-5, tie_word_embeddings=True,
+)
+SHAPES = {"smollm2-135m": SMOLLM2_135M, "llama-1b": LLAMA_1B}
 
 
 def main():
@@ -30,6 +38,8 @@ def main():
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
     ap.add_argument("--gguf", help="a GGUF file to load instead of random weights")
+    ap.add_argument("--shape", default="smollm2-135m", choices=sorted(SHAPES),
+                    help="the shape of the random-weight model")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
     ap.add_argument("--prompt-tokens", type=int, default=8)
     ap.add_argument("--new-tokens", type=int, default=128)
@@ -44,7 +54,7 @@ def main():
             os.path.dirname(os.path.abspath(args.gguf)), gguf_file=os.path.basename(args.gguf), dtype=dtype)
     else:
         torch.manual_seed(0)
-        model = LlamaForCausalLM(LlamaConfig(**SMOLLM2_135M)).to(dtype)
+        model = LlamaForCausalLM(LlamaConfig(**SHAPES[args.shape])).to(dtype)
     model = model.to(args.device).eval()
     if args.compile:
         model.forward = torch.compile(model.forward)
@@ -64,7 +74,7 @@ def main():
         if r > 0:
             rates.append(n / dt)
     print(f"torch {torch.__version__} {args.device} {args.dtype} threads={torch.get_num_threads()} "
-          f"{'gguf' if args.gguf else 'random'} weights: decode {statistics.median(rates):.1f} tok/s "
+          f"{'gguf' if args.gguf else 'random ' + args.shape} weights: decode {statistics.median(rates):.1f} tok/s "
           f"(median of {args.rounds}, {args.new_tokens} new tokens after {args.prompt_tokens}, prefill included)")
 
 

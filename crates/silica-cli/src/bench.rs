@@ -154,6 +154,9 @@ fn cases(large: bool, cpu: bool) -> Vec<Case> {
                 let head = (model == "135m").then_some(("head", 49152, d));
                 let projs = [("qkv/o", d, d), ("up", ffn, d), ("down", d, ffn)];
                 for (proj, n, k) in projs.into_iter().chain(head) {
+                    if k % format.block_elems() != 0 {
+                        continue; // K-quant blocks of 256 do not tile 576
+                    }
                     push(
                         format!("qlinear {format} {model} {phase} {proj} {m}x{n}x{k}"),
                         Kind::QLinear { format, m, n, k },
@@ -510,4 +513,28 @@ pub fn run(args: &BenchArgs) -> Result<(), CliError> {
         emit(&line)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every quantized case can be built: its rows are whole blocks (the
+    /// K-quants' 256 do not divide SmolLM2's 576), and each format keeps
+    /// cases at every model size whose rows it tiles.
+    #[test]
+    fn quantized_cases_have_whole_blocks() {
+        for (large, cpu) in [(false, false), (true, false), (false, true)] {
+            let mut per_format = std::collections::HashMap::new();
+            for c in cases(large, cpu) {
+                if let Kind::QLinear { format, k, .. } = c.kind {
+                    assert_eq!(k % format.block_elems(), 0, "{}", c.name);
+                    *per_format.entry(format.to_string()).or_insert(0) += 1;
+                }
+            }
+            assert_eq!(per_format.len(), 5, "{per_format:?}");
+            // of 135M's four products only down (rows of 1536) tiles into 256s
+            assert_eq!(per_format["q4_0"], per_format["q4_k"] + 3, "{per_format:?}");
+        }
+    }
 }

@@ -22,7 +22,7 @@ macro_rules! qkernel {
 
 pub(crate) static QGEMV: Kernel = Kernel {
     name: "qgemv",
-    source: concat!(qkernel!("qgemv.wgsl"), include_str!("gemv_finish.wgsl")),
+    source: qkernel!("qgemv.wgsl"),
     inputs: 2,
     trusted: true,
 };
@@ -94,13 +94,24 @@ pub(crate) fn qrows(
 /// Rows of x up to which the GEMV kernel is used.
 const GEMV_MAX_M: usize = 8;
 
-/// Threads per weight row of the GEMV kernel: 32, or more when the rows
-/// are too few to keep about half a million threads busy and each still
-/// decodes at least 4 groups.
-fn gemv_lanes(n: usize, k: usize) -> usize {
+/// Weight rows that one set of lanes of the GEMV kernel dots with the
+/// same values of x: as many as the 8 accumulators allow for M rows of x.
+fn gemv_rows(m: usize) -> usize {
+    match m {
+        1 | 2 => 4,
+        3 | 4 => 2,
+        _ => 1,
+    }
+}
+
+/// Lanes per set of the GEMV kernel: 32, or more when the sets (one per
+/// `rows` weight rows) are too few to keep about half a million threads
+/// busy and each lane still decodes at least 2 parts.
+fn gemv_lanes(n: usize, k: usize, rows: usize) -> usize {
     let groups = k / 32;
+    let sets = n.div_ceil(rows);
     let mut lanes = 32;
-    while lanes < 128 && n * lanes < 1 << 19 && groups >= lanes * 8 {
+    while lanes < 128 && sets * lanes < 1 << 19 && groups * 4 >= lanes * 2 * 2 {
         lanes *= 2;
     }
     lanes
@@ -128,8 +139,9 @@ pub(crate) fn qmatmul(
     let row_bytes = format.bytes_for(k);
     let max = ctx.max_groups() as usize;
     let (kernel, grid, lanes) = if m <= GEMV_MAX_M {
-        let lanes = gemv_lanes(n, k);
-        let groups = n.div_ceil(256 / lanes);
+        let rows = gemv_rows(m);
+        let lanes = gemv_lanes(n, k, rows);
+        let groups = n.div_ceil(256 / lanes * rows);
         (&QGEMV, [groups.min(max), groups.div_ceil(max), 1], lanes)
     } else {
         (&QMATMUL, [n.div_ceil(64), m.div_ceil(64), 1], 0)
@@ -179,6 +191,7 @@ fn constants(
     if std::ptr::eq(kernel, &QGEMV) {
         c.push(("M", m as f64));
         c.push(("LANES", lanes as f64));
+        c.push(("R", gemv_rows(m) as f64));
     }
     c
 }
