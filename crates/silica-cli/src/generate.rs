@@ -3,16 +3,16 @@
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use silica::DType;
+use silica::{DType, Device};
 use silica_models::chat::{ChatTemplate, Message};
-use silica_models::generate::check_prompt;
+use silica_models::generate::{GenerationStats, check_prompt};
 use silica_models::gguf::GgufFile;
 use silica_models::llama::{Llama, LlamaConfig, LoadOptions};
 use silica_models::resolve;
 use silica_models::sampling::{Sampler, SamplingParams};
-use silica_models::tokenizer::Tokenizer;
+use silica_models::tokenizer::{TokenStream, Tokenizer};
 
 use crate::{CliError, emit};
 
@@ -74,6 +74,11 @@ pub struct GenerateArgs {
     /// quantized on the device (more memory; the reference path).
     #[arg(long)]
     dequantize: bool,
+    /// Time every GPU kernel of the decode (timestamp queries; also
+    /// SILICA_PROFILE=1) and print a table per generated token to stderr.
+    /// Profiling slows decoding: the speed to quote is the one without it.
+    #[arg(long)]
+    profile: bool,
 }
 
 fn parse_count(s: &str) -> Result<usize, String> {
@@ -216,6 +221,18 @@ pub fn run(args: &GenerateArgs) -> Result<(), CliError> {
         model.config.n_layers,
         load_start.elapsed().as_secs_f64()
     );
+    // --profile covers the decode: off during the prefill (SILICA_PROFILE=1
+    // turned it on with the device), on from the first piece of text
+    let profile = args.profile || env_flag("SILICA_PROFILE");
+    let profiling = profile && device.info().timestamps;
+    if profile {
+        device.set_profiling(false);
+        if !profiling {
+            eprintln!(
+                "silica: --profile needs a GPU with timestamp queries; {device} has none, nothing is profiled"
+            );
+        }
+    }
     if !args.chat {
         emit(&prompt)?;
     }
@@ -227,6 +244,7 @@ pub fn run(args: &GenerateArgs) -> Result<(), CliError> {
         repetition_penalty: args.repeat_penalty,
         seed: args.seed,
     });
+    let mut decode_start: Option<Instant> = None;
     device.reset_peak_memory();
     let stats = silica_models::generate::generate(
         &model,
@@ -238,9 +256,16 @@ pub fn run(args: &GenerateArgs) -> Result<(), CliError> {
         // a closed pipe ends the program (emit); other write errors
         // must not stop the generation
         |piece| {
+            if profiling && decode_start.is_none() {
+                // the prefill's work has finished: its logits were read back
+                device.reset_profile();
+                device.set_profiling(true);
+                decode_start = Some(Instant::now());
+            }
             let _ = emit(piece);
         },
     )?;
+    let decode_wall = decode_start.map(|t| t.elapsed());
     emit("\n")?;
     let peak = device.memory_stats().peak_allocated;
     let memory = if device.is_gpu() {
@@ -263,5 +288,102 @@ pub fn run(args: &GenerateArgs) -> Result<(), CliError> {
             stats.stop_reason.to_string()
         }
     );
+    if let Some(wall) = decode_wall {
+        device.synchronize()?;
+        device.set_profiling(false);
+        let steps = profiled_steps(&tokenizer, &stats)?;
+        print_profile(&device, steps, wall);
+    }
     Ok(())
+}
+
+fn env_flag(name: &str) -> bool {
+    std::env::var(name).is_ok_and(|v| !matches!(v.trim(), "" | "0" | "false"))
+}
+
+/// The forward passes run after the first piece of text was emitted, which
+/// is when profiling started: one per generated token except where the loop
+/// stopped before running the model on the last one, less those before the
+/// first piece (a token that ends inside a character emits nothing).
+fn profiled_steps(tokenizer: &Tokenizer, stats: &GenerationStats) -> Result<usize, CliError> {
+    let forwards = if stats.stop_reason == "eos" {
+        stats.generated_tokens
+    } else {
+        stats.generated_tokens.saturating_sub(1)
+    };
+    let mut stream = TokenStream::new(tokenizer);
+    for (i, &id) in stats.tokens.iter().enumerate() {
+        if stream.push(id)?.is_some() {
+            return Ok(forwards.saturating_sub(i));
+        }
+    }
+    Ok(0)
+}
+
+/// The --profile table: per kernel, dispatches and GPU time per decode
+/// step; then wall time, GPU busy time and host-side time per step.
+fn print_profile(device: &Device, steps: usize, wall: Duration) {
+    if steps == 0 {
+        eprintln!("silica: --profile: no decode step ran (generate at least 2 tokens)");
+        return;
+    }
+    let report = device.profile_report();
+    let by_grid = device.profile_report_by_grid();
+    let n = steps as f64;
+    let busy: f64 = report.iter().map(|k| k.seconds).sum();
+    let dispatches: u64 = report.iter().map(|k| k.dispatches).sum();
+    let us = |s: f64| s / n * 1e6;
+    let share = |s: f64| if busy > 0.0 { 100.0 * s / busy } else { 0.0 };
+    eprintln!(
+        "\nGPU profile of the decode on {device}: {steps} steps, timestamps around every kernel; per token:"
+    );
+    eprintln!(
+        "{:<28} {:>11} {:>12} {:>7}",
+        "kernel", "dispatches", "GPU µs", "share"
+    );
+    for k in &report {
+        eprintln!(
+            "{:<28} {:>11.1} {:>12.1} {:>6.1}%",
+            k.name,
+            k.dispatches as f64 / n,
+            us(k.seconds),
+            share(k.seconds)
+        );
+        // the grids tell apart the calls of one kernel (e.g. the projections)
+        let grids: Vec<_> = by_grid.iter().filter(|g| g.name == k.name).collect();
+        if grids.len() > 1 {
+            const SHOWN: usize = 6;
+            for g in grids.iter().take(SHOWN) {
+                let [x, y, z] = g.grid.unwrap_or_default();
+                eprintln!(
+                    "{:<28} {:>11.1} {:>12.1} {:>6.1}%",
+                    format!("  grid {x}x{y}x{z}"),
+                    g.dispatches as f64 / n,
+                    us(g.seconds),
+                    share(g.seconds)
+                );
+            }
+            if grids.len() > SHOWN {
+                eprintln!("  ({} more grids)", grids.len() - SHOWN);
+            }
+        }
+    }
+    let wall = wall.as_secs_f64();
+    eprintln!("decode wall time   {:>10.1} µs/token", wall / n * 1e6);
+    eprintln!(
+        "GPU busy (kernels) {:>10.1} µs/token ({:.0}% of wall)",
+        us(busy),
+        100.0 * busy / wall
+    );
+    eprintln!(
+        "host-side          {:>10.1} µs/token (recording, submission, read-backs, waiting, sampling; copies outside kernels)",
+        us((wall - busy).max(0.0))
+    );
+    eprintln!(
+        "dispatches         {:>10.1} per token",
+        dispatches as f64 / n
+    );
+    eprintln!(
+        "note: profiling waits for every batch and reads its timestamps back, which slows decoding; quote the decode speed of a run without --profile"
+    );
 }

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use crate::backend::gpu::GpuDevice;
+use crate::backend::gpu::{GpuDevice, KernelTime};
 use crate::memory::MemoryStats;
 use crate::{Error, Result};
 
@@ -441,6 +441,49 @@ impl Device {
         match self {
             Device::Cpu => crate::memory::host_reset_peak(),
             Device::Gpu(g) => g.memory().reset_peak(),
+        }
+    }
+
+    /// Turns per-kernel GPU profiling on or off (see
+    /// [`GpuDevice::set_profiling`]); returns whether it is now on. The CPU
+    /// and GPUs without timestamp queries return `false` and record nothing.
+    pub fn set_profiling(&self, on: bool) -> bool {
+        match self {
+            Device::Cpu => false,
+            Device::Gpu(g) => g.set_profiling(on),
+        }
+    }
+
+    /// Whether profiling mode is on.
+    pub fn profiling(&self) -> bool {
+        match self {
+            Device::Cpu => false,
+            Device::Gpu(g) => g.profiling(),
+        }
+    }
+
+    /// GPU time per kernel name (see [`GpuDevice::profile_report`]); empty
+    /// on the CPU.
+    pub fn profile_report(&self) -> Vec<KernelTime> {
+        match self {
+            Device::Cpu => Vec::new(),
+            Device::Gpu(g) => g.profile_report(),
+        }
+    }
+
+    /// GPU time per kernel name and workgroup grid (see
+    /// [`GpuDevice::profile_report_by_grid`]); empty on the CPU.
+    pub fn profile_report_by_grid(&self) -> Vec<KernelTime> {
+        match self {
+            Device::Cpu => Vec::new(),
+            Device::Gpu(g) => g.profile_report_by_grid(),
+        }
+    }
+
+    /// Clears the profile.
+    pub fn reset_profile(&self) {
+        if let Device::Gpu(g) = self {
+            g.reset_profile();
         }
     }
 

@@ -31,7 +31,7 @@ pub mod quant;
 mod storage;
 mod tensor;
 
-pub use backend::gpu::{FallbackCount, GpuDevice};
+pub use backend::gpu::{FallbackCount, GpuDevice, KernelTime};
 pub use device::{
     BackendKind, Device, DeviceInfo, Selector, adapters, default_gpu_index, device_count,
     is_available,

@@ -2,8 +2,9 @@
 //! pending command encoder that ops record into, the pipeline cache, and
 //! the device-lost and error state.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use crate::memory::{GpuBuffer, MemoryPool};
 use crate::{DeviceInfo, Error, Result};
@@ -48,7 +49,42 @@ struct Pending {
     /// Next free byte of `slab`.
     slot: u64,
     dispatches: u32,
+    /// Profiling mode: the kernel and grid of each timed dispatch of this
+    /// batch; entry `i` owns queries `2i` (start) and `2i + 1` (end) of
+    /// `Context::queries`.
+    timed: Vec<(&'static str, [u32; 3])>,
 }
+
+/// How profiling mode puts timestamps around a dispatch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Timing {
+    /// No timestamp queries: profiling records nothing.
+    None,
+    /// `TIMESTAMP_QUERY_INSIDE_PASSES`: timestamps written inside the
+    /// shared compute pass, before and after the dispatch.
+    InsidePass,
+    /// `TIMESTAMP_QUERY` only: the dispatch gets a compute pass of its own
+    /// that writes timestamps at its beginning and end.
+    PerPass,
+}
+
+/// GPU time of one kernel in profiling mode (see
+/// [`GpuDevice::set_profiling`](crate::GpuDevice::set_profiling)).
+#[derive(Clone, Debug, PartialEq)]
+pub struct KernelTime {
+    /// The kernel's name (its WGSL module), e.g. `qgemv`.
+    pub name: String,
+    /// The workgroup grid of the dispatches, in the breakdown by grid;
+    /// `None` in the report by name, which sums every grid.
+    pub grid: Option<[u32; 3]>,
+    /// Dispatches timed.
+    pub dispatches: u64,
+    /// GPU seconds between the timestamps around each dispatch, summed.
+    pub seconds: f64,
+}
+
+/// Dispatch count and GPU seconds of one (kernel, grid).
+type ProfileMap = BTreeMap<(&'static str, [u32; 3]), (u64, f64)>;
 
 pub(crate) struct Context {
     pub device: wgpu::Device,
@@ -68,6 +104,15 @@ pub(crate) struct Context {
     pending: Mutex<Pending>,
     lost: Arc<Mutex<Option<String>>>,
     error: Arc<Mutex<Option<String>>>,
+    /// Profiling mode is on (only ever set where `timing` is not `None`).
+    profiling: AtomicBool,
+    timing: Timing,
+    /// Test hook: time with a compute pass per dispatch even where
+    /// timestamps inside passes are available.
+    per_pass: AtomicBool,
+    /// The profiling query set: two timestamps per dispatch of a batch.
+    queries: OnceLock<wgpu::QuerySet>,
+    profile: Mutex<ProfileMap>,
 }
 
 /// Whether the adapter runs matmul_coop.wgsl: f16, 16x16x16 f16 x f16 -> f32
@@ -97,8 +142,10 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Context {
     pub fn new(adapter: &wgpu::Adapter, info: &DeviceInfo) -> Result<Self> {
-        let mut wanted =
-            wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY;
+        let mut wanted = wgpu::Features::SHADER_F16
+            | wgpu::Features::SUBGROUP
+            | wgpu::Features::TIMESTAMP_QUERY
+            | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
         let coop16 = coop16_available(adapter);
         if coop16 {
             wanted |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
@@ -136,6 +183,14 @@ impl Context {
                 lock(&error).get_or_insert_with(|| e.to_string());
             }));
         }
+        let features = device.features();
+        let timing = if !features.contains(wgpu::Features::TIMESTAMP_QUERY) {
+            Timing::None
+        } else if features.contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES) {
+            Timing::InsidePass
+        } else {
+            Timing::PerPass
+        };
         let limits = device.limits();
         let pool = Arc::new(MemoryPool::new(
             device.clone(),
@@ -163,9 +218,15 @@ impl Context {
                 full_slabs: Vec::new(),
                 slot: 0,
                 dispatches: 0,
+                timed: Vec::new(),
             }),
             lost,
             error,
+            profiling: AtomicBool::new(false),
+            timing,
+            per_pass: AtomicBool::new(false),
+            queries: OnceLock::new(),
+            profile: Mutex::new(BTreeMap::new()),
         })
     }
 
@@ -229,7 +290,10 @@ impl Context {
         f(enc)
     }
 
-    /// Submits the pending encoder (without waiting for it).
+    /// Submits the pending encoder (without waiting for it). In profiling
+    /// mode, a batch with timed dispatches also resolves their timestamps,
+    /// and this waits for the batch to finish and adds the times to the
+    /// profile.
     pub fn flush(&self) {
         let mut guard = lock(&self.pending);
         let p = &mut *guard;
@@ -239,9 +303,130 @@ impl Context {
         }
         p.slot = 0;
         p.dispatches = 0;
-        if let Some(enc) = p.encoder.take() {
+        let timed = std::mem::take(&mut p.timed);
+        if let Some(mut enc) = p.encoder.take() {
+            let readback =
+                (!timed.is_empty()).then(|| self.resolve_timestamps(&mut enc, timed.len()));
             self.queue.submit([enc.finish()]);
+            drop(guard);
+            if let Some(buf) = readback {
+                self.collect_timestamps(&buf, &timed);
+            }
         }
+    }
+
+    /// Profiling mode is possible: the device has timestamp queries.
+    pub fn can_profile(&self) -> bool {
+        self.timing != Timing::None
+    }
+
+    /// Turns profiling mode on or off; returns whether it is now on (never
+    /// where the device has no timestamp queries).
+    pub fn set_profiling(&self, on: bool) -> bool {
+        let on = on && self.can_profile();
+        self.profiling.store(on, Ordering::Relaxed);
+        on
+    }
+
+    pub fn profiling(&self) -> bool {
+        self.profiling.load(Ordering::Relaxed)
+    }
+
+    /// Test hook: time each dispatch with a compute pass of its own even
+    /// where timestamps inside passes are available.
+    pub fn set_profile_per_pass(&self, on: bool) {
+        self.per_pass.store(on, Ordering::Relaxed);
+    }
+
+    pub fn reset_profile(&self) {
+        lock(&self.profile).clear();
+    }
+
+    /// The profile so far: by kernel name, or by kernel name and grid;
+    /// the most GPU time first.
+    pub fn profile_report(&self, by_grid: bool) -> Vec<KernelTime> {
+        let map = lock(&self.profile);
+        let mut out: Vec<KernelTime> = Vec::new();
+        for (&(name, grid), &(dispatches, seconds)) in map.iter() {
+            // the map is sorted by name: a name's grids are adjacent
+            match out.last_mut() {
+                Some(last) if !by_grid && last.name == name => {
+                    last.dispatches += dispatches;
+                    last.seconds += seconds;
+                }
+                _ => out.push(KernelTime {
+                    name: name.to_string(),
+                    grid: by_grid.then_some(grid),
+                    dispatches,
+                    seconds,
+                }),
+            }
+        }
+        out.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
+        out
+    }
+
+    fn query_set(&self) -> &wgpu::QuerySet {
+        self.queries.get_or_init(|| {
+            self.device.create_query_set(&wgpu::QuerySetDescriptor {
+                label: Some("silica profile"),
+                ty: wgpu::QueryType::Timestamp,
+                count: 2 * DISPATCH_BUDGET,
+            })
+        })
+    }
+
+    /// Records the resolution of the first `pairs` timestamp pairs into a
+    /// buffer to map: returns that buffer.
+    fn resolve_timestamps(&self, enc: &mut wgpu::CommandEncoder, pairs: usize) -> wgpu::Buffer {
+        let size = 16 * pairs as u64;
+        let resolved = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("silica profile"),
+            size,
+            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        let readback = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("silica profile read-back"),
+            size,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        enc.resolve_query_set(self.query_set(), 0..2 * pairs as u32, &resolved, 0);
+        enc.copy_buffer_to_buffer(&resolved, 0, &readback, 0, size);
+        readback
+    }
+
+    /// Waits for the submitted batch and adds its dispatch times to the
+    /// profile. A failure (a lost device) drops this batch's times: the
+    /// next op reports the error.
+    fn collect_timestamps(&self, readback: &wgpu::Buffer, timed: &[(&'static str, [u32; 3])]) {
+        let (tx, rx) = std::sync::mpsc::channel();
+        readback.slice(..).map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        if self
+            .device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .is_err()
+            || !matches!(rx.recv(), Ok(Ok(())))
+        {
+            return;
+        }
+        let Ok(view) = readback.slice(..).get_mapped_range() else {
+            return;
+        };
+        let ticks: &[u64] = bytemuck::cast_slice(&view);
+        let period_s = f64::from(self.queue.get_timestamp_period()) * 1e-9;
+        let mut map = lock(&self.profile);
+        for (&key, t) in timed.iter().zip(ticks.chunks_exact(2)) {
+            let e = map.entry(key).or_insert((0, 0.0));
+            e.0 += 1;
+            e.1 += t[1].saturating_sub(t[0]) as f64 * period_s;
+        }
+        drop(map);
+        drop(view);
+        readback.unmap();
     }
 
     /// Submits pending work and waits for the device to finish it.
@@ -510,6 +695,70 @@ impl Context {
         Ok(pipeline)
     }
 
+    /// The open compute pass that dispatches share, opened (and the
+    /// encoder created) if needed.
+    fn shared_pass<'a>(&self, p: &'a mut Pending) -> &'a mut wgpu::ComputePass<'static> {
+        if p.pass.is_none() {
+            let enc = p.encoder.get_or_insert_with(|| {
+                self.device
+                    .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                        label: Some("silica ops"),
+                    })
+            });
+            let pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("silica kernels"),
+                timestamp_writes: None,
+            });
+            p.pass = Some(pass.forget_lifetime());
+        }
+        // invariant: the pass was opened just above if there was none
+        p.pass.as_mut().expect("an open compute pass")
+    }
+
+    /// Records a dispatch between two timestamps (profiling mode).
+    fn record_timed(
+        &self,
+        p: &mut Pending,
+        name: &'static str,
+        pipeline: &wgpu::ComputePipeline,
+        bind_group: &wgpu::BindGroup,
+        groups: [u32; 3],
+    ) {
+        // a batch holds fewer than DISPATCH_BUDGET dispatches, so its
+        // timestamp pairs fit in the query set
+        debug_assert!(p.timed.len() < DISPATCH_BUDGET as usize);
+        let start = 2 * p.timed.len() as u32;
+        p.timed.push((name, groups));
+        let set = self.query_set();
+        if self.timing == Timing::InsidePass && !self.per_pass.load(Ordering::Relaxed) {
+            let pass = self.shared_pass(p);
+            pass.write_timestamp(set, start);
+            pass.set_pipeline(pipeline);
+            pass.set_bind_group(0, bind_group, &[]);
+            pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+            pass.write_timestamp(set, start + 1);
+        } else {
+            p.pass = None;
+            let enc = p.encoder.get_or_insert_with(|| {
+                self.device
+                    .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                        label: Some("silica ops"),
+                    })
+            });
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some(name),
+                timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
+                    query_set: set,
+                    beginning_of_pass_write_index: Some(start),
+                    end_of_pass_write_index: Some(start + 1),
+                }),
+            });
+            pass.set_pipeline(pipeline);
+            pass.set_bind_group(0, bind_group, &[]);
+            pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+        }
+    }
+
     /// Records one kernel launch: `params` at binding 0, `inputs` at
     /// bindings 1.., `output` after them.
     pub fn dispatch(
@@ -573,24 +822,15 @@ impl Context {
             layout: &bgl,
             entries: &entries,
         });
-        if p.pass.is_none() {
-            let enc = p.encoder.get_or_insert_with(|| {
-                self.device
-                    .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                        label: Some("silica ops"),
-                    })
-            });
-            let pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: Some("silica kernels"),
-                timestamp_writes: None,
-            });
-            p.pass = Some(pass.forget_lifetime());
+        // profiling mode: the one cost when off is this load
+        if self.profiling.load(Ordering::Relaxed) {
+            self.record_timed(p, kernel.name, &pipeline, &bind_group, groups);
+        } else {
+            let pass = self.shared_pass(p);
+            pass.set_pipeline(&pipeline);
+            pass.set_bind_group(0, &bind_group, &[]);
+            pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
         }
-        // invariant: the pass was opened just above if there was none
-        let pass = p.pass.as_mut().expect("an open compute pass");
-        pass.set_pipeline(&pipeline);
-        pass.set_bind_group(0, &bind_group, &[]);
-        pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
         p.dispatches += 1;
         let submit = p.dispatches >= DISPATCH_BUDGET;
         drop(guard);

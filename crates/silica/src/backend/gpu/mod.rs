@@ -24,6 +24,7 @@ pub use crate::memory::GpuBuffer;
 use crate::memory::MemoryPool;
 use crate::storage::{CpuStorage, Storage};
 use crate::{DType, DeviceInfo, Error, Op, Result, Tensor};
+pub use context::KernelTime;
 pub(crate) use context::{Context, Kernel};
 
 /// An opened wgpu adapter: the device, its queue, its memory pool, its
@@ -51,14 +52,21 @@ fn env_flag(name: &str) -> bool {
 
 impl GpuDevice {
     pub(crate) fn open(adapter: &wgpu::Adapter, info: DeviceInfo) -> Result<Self> {
-        Ok(Self {
+        let dev = Self {
             ctx: Context::new(adapter, &info)?,
             info,
             strict: AtomicBool::new(env_flag("SILICA_STRICT")),
             check: AtomicBool::new(env_flag("SILICA_CHECK")),
             fallbacks: Mutex::new(BTreeMap::new()),
             disabled: Mutex::new(HashSet::new()),
-        })
+        };
+        if env_flag("SILICA_PROFILE") && !dev.set_profiling(true) {
+            tracing::warn!(
+                "SILICA_PROFILE: {} has no timestamp queries, nothing will be profiled",
+                dev.info.name
+            );
+        }
+        Ok(dev)
     }
 
     pub fn info(&self) -> &DeviceInfo {
@@ -97,6 +105,58 @@ impl GpuDevice {
             }
         };
         Ok((r, secs))
+    }
+
+    /// Profiling mode: every kernel dispatch is timed on the GPU's own
+    /// timeline (timestamp queries written before and after it, inside the
+    /// shared compute pass where the device has
+    /// `TIMESTAMP_QUERY_INSIDE_PASSES`, else in a compute pass of its own)
+    /// and summed per kernel in [`GpuDevice::profile_report`]. Returns
+    /// whether profiling is now on: `false` when turned off, and where the
+    /// device has no timestamp queries (then nothing is recorded). Starts
+    /// on with `SILICA_PROFILE=1`.
+    ///
+    /// A diagnostic mode: each submitted batch is waited for and its
+    /// timestamps read back synchronously, so work runs slower than without
+    /// it. Off, it costs one relaxed atomic load per dispatch.
+    pub fn set_profiling(&self, on: bool) -> bool {
+        self.ctx.set_profiling(on)
+    }
+
+    /// Whether profiling mode is on.
+    pub fn profiling(&self) -> bool {
+        self.ctx.profiling()
+    }
+
+    /// Whether the device has the timestamp queries profiling needs.
+    pub fn can_profile(&self) -> bool {
+        self.ctx.can_profile()
+    }
+
+    /// GPU time per kernel name since the last [`GpuDevice::reset_profile`],
+    /// the most time first. Covers work submitted so far: call
+    /// [`GpuDevice::synchronize`] first to include everything recorded.
+    pub fn profile_report(&self) -> Vec<KernelTime> {
+        self.ctx.profile_report(false)
+    }
+
+    /// As [`GpuDevice::profile_report`], one line per kernel name and
+    /// workgroup grid (which tells apart, say, the projections of a layer
+    /// that all run `qgemv`).
+    pub fn profile_report_by_grid(&self) -> Vec<KernelTime> {
+        self.ctx.profile_report(true)
+    }
+
+    /// Clears the profile (profiling mode stays as it is).
+    pub fn reset_profile(&self) {
+        self.ctx.reset_profile();
+    }
+
+    /// Test hook: in profiling mode, time each dispatch with a compute pass
+    /// of its own even where timestamps inside passes are available.
+    #[doc(hidden)]
+    pub fn profile_per_pass_for_testing(&self, on: bool) {
+        self.ctx.set_profile_per_pass(on);
     }
 
     /// Strict mode: a missing kernel is an error instead of a CPU fallback.
