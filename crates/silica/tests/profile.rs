@@ -131,21 +131,17 @@ fn profile_on_every_gpu() {
         check_profile(&dev, &a, &b, &w, "a pass per dispatch");
         gpu.profile_per_pass_for_testing(false);
         // results are the same with profiling on
-        let plain = a
-            .add(&b)
-            .unwrap()
-            .matmul(&w[0])
-            .unwrap()
-            .to_vec::<f32>()
-            .unwrap();
+        let run = || {
+            a.add(&b)
+                .unwrap()
+                .matmul(&w[0])
+                .unwrap()
+                .to_vec::<f32>()
+                .unwrap()
+        };
+        let plain = run();
         assert!(dev.set_profiling(true));
-        let profiled = a
-            .add(&b)
-            .unwrap()
-            .matmul(&w[0])
-            .unwrap()
-            .to_vec::<f32>()
-            .unwrap();
+        let profiled = run();
         assert!(!dev.set_profiling(false));
         assert_eq!(plain, profiled);
         dev.reset_profile();

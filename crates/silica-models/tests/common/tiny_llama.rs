@@ -15,6 +15,10 @@ use std::path::Path;
 
 use silica_models::gguf::{GgmlType, GgufWriter, MetaValue};
 
+#[path = "letters.rs"]
+mod letters;
+use letters::letters;
+
 /// The shape and metadata of a tiny model.
 #[derive(Clone, Debug)]
 pub struct Tiny {
@@ -144,20 +148,6 @@ impl Tiny {
         }
         w.write_to_path(path).unwrap();
     }
-}
-
-/// The `n`-th string of the bijective base-26 numbering: a..z, aa..zz, ...
-fn letters(mut n: usize) -> String {
-    let mut s = Vec::new();
-    loop {
-        s.push(b'a' + (n % 26) as u8);
-        if n < 26 {
-            break;
-        }
-        n = n / 26 - 1;
-    }
-    s.reverse();
-    String::from_utf8_lossy(&s).into_owned()
 }
 
 /// The tokenizer metadata of a `vocab_size`-token vocabulary (at least 260).

@@ -20,6 +20,10 @@ use silica_models::llama::Llama;
 use silica_models::resolve::resolve_decoder;
 use silica_models::tokenizer::Tokenizer;
 
+#[path = "../common/letters.rs"]
+mod letters;
+use letters::letters;
+
 pub const D_MODEL: usize = 64;
 pub const LAYERS: usize = 2;
 pub const HEADS: usize = 4;
@@ -40,20 +44,6 @@ impl Drop for TinyModelFile {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-/// The `n`-th string of the sequence a..z, aa..zz, aaa..
-fn letters(mut n: usize) -> String {
-    let mut s = Vec::new();
-    loop {
-        s.push(b'a' + (n % 26) as u8);
-        if n < 26 {
-            break;
-        }
-        n = n / 26 - 1;
-    }
-    s.reverse();
-    String::from_utf8(s).expect("ASCII letters")
 }
 
 fn tokenizer_metadata(w: &mut GgufWriter) {
