@@ -12,7 +12,7 @@
 use std::path::Path;
 
 pub use silica::RopeStyle;
-use silica::{AttentionOpts, DType, Device, QTensor, QuantFormat, Tensor};
+use silica::{AttentionOpts, DType, Device, QFuse, QTensor, QuantFormat, Tensor};
 
 use crate::gguf::GgufFile;
 use crate::quant;
@@ -141,10 +141,43 @@ enum Weight {
 impl Weight {
     /// `x @ wᵀ`.
     fn apply(&self, x: &Tensor) -> silica::Result<Tensor> {
+        self.fused(x, QFuse::default())
+    }
+
+    /// `x @ wᵀ` with the steps around it that `fuse` names: one kernel for
+    /// quantized weights on a GPU at decode, the same ops in turn otherwise.
+    fn fused(&self, x: &Tensor, fuse: QFuse<'_>) -> silica::Result<Tensor> {
         match self {
-            Weight::Dense(w) => x.matmul(&w.t()?),
-            Weight::Quant(w) => x.matmul_q(w),
+            Weight::Quant(w) => x.matmul_q_fused(w, fuse),
+            Weight::Dense(w) => {
+                let normed;
+                let x = match fuse.rms_norm {
+                    Some((g, eps)) => {
+                        normed = x.rms_norm(g, eps)?;
+                        &normed
+                    }
+                    None => x,
+                };
+                let mut y = x.matmul(&w.t()?)?;
+                if fuse.swiglu {
+                    let n = y.dim(-1)? / 2;
+                    y = y.narrow(-1, 0, n)?.swiglu(&y.narrow(-1, n, n)?)?;
+                }
+                match fuse.residual {
+                    Some(r) => y.add(r),
+                    None => Ok(y),
+                }
+            }
         }
+    }
+
+    /// `residual + x @ wᵀ`.
+    fn add_to(&self, x: &Tensor, residual: &Tensor) -> silica::Result<Tensor> {
+        let fuse = QFuse {
+            residual: Some(residual),
+            ..QFuse::default()
+        };
+        self.fused(x, fuse)
     }
 }
 
@@ -153,41 +186,59 @@ impl Weight {
 /// weights share a storage format, one product per part otherwise (mixed
 /// formats, as in Q4_K_M files).
 enum Stacked {
-    Fused(Weight, Vec<usize>),
+    Fused(Weight),
     Split(Vec<Weight>),
 }
 
 impl Stacked {
-    /// The outputs of the parts, `[t, rows of part]` each, plus `bias`
-    /// (the parts' biases stacked) where given: one add for stacked weights.
-    fn apply(&self, x: &Tensor, bias: Option<&Tensor>) -> silica::Result<Vec<Tensor>> {
-        let add = |y: Tensor, at: usize, n: usize| match bias {
-            Some(b) => y.add(&b.narrow(0, at, n)?),
-            None => Ok(y),
-        };
-        match self {
+    /// The parts' outputs for `rms_norm(x)` side by side, `[t, rows of
+    /// all parts]`, plus `bias` (the parts' biases stacked) where given:
+    /// one product (the norm fused in) for stacked weights.
+    fn apply(
+        &self,
+        x: &Tensor,
+        norm: (&Tensor, f32),
+        bias: Option<&Tensor>,
+    ) -> silica::Result<Tensor> {
+        let y = match self {
             Stacked::Split(parts) => {
-                let mut at = 0;
-                parts
+                let hn = x.rms_norm(norm.0, norm.1)?;
+                let ys: Vec<Tensor> = parts
                     .iter()
-                    .map(|w| {
-                        let y = w.apply(x)?;
-                        let n = y.shape()[y.rank() - 1];
-                        at += n;
-                        add(y, at - n, n)
-                    })
-                    .collect()
+                    .map(|w| w.apply(&hn))
+                    .collect::<silica::Result<_>>()?;
+                let refs: Vec<&Tensor> = ys.iter().collect();
+                Tensor::cat(&refs, -1)?
             }
-            Stacked::Fused(w, sizes) => {
-                let y = add(w.apply(x)?, 0, sizes.iter().sum())?;
-                let mut at = 0;
-                sizes
-                    .iter()
-                    .map(|&n| {
-                        at += n;
-                        y.narrow(-1, at - n, n)
-                    })
-                    .collect()
+            Stacked::Fused(w) => {
+                let fuse = QFuse {
+                    rms_norm: Some(norm),
+                    ..QFuse::default()
+                };
+                w.fused(x, fuse)?
+            }
+        };
+        match bias {
+            Some(b) => y.add(b),
+            None => Ok(y),
+        }
+    }
+
+    /// `silu(gate) * up` of `rms_norm(x)` for the gate and up projections:
+    /// one kernel for stacked quantized weights on a GPU at decode.
+    fn swiglu(&self, x: &Tensor, norm: (&Tensor, f32)) -> silica::Result<Tensor> {
+        match self {
+            Stacked::Fused(w) => {
+                let fuse = QFuse {
+                    rms_norm: Some(norm),
+                    swiglu: true,
+                    ..QFuse::default()
+                };
+                w.fused(x, fuse)
+            }
+            Stacked::Split(parts) => {
+                let hn = x.rms_norm(norm.0, norm.1)?;
+                parts[0].apply(&hn)?.swiglu(&parts[1].apply(&hn)?)
             }
         }
     }
@@ -231,11 +282,11 @@ pub struct Llama {
 }
 
 /// Keys and values of the positions seen so far, per layer: `[capacity,
-/// kv_heads, hd]` buffers of which the first `len` rows are filled, and the
-/// rotary angle tables `[capacity, hd / 2]` for the same positions.
+/// 2 * kv_heads, hd]` buffers (the keys' heads, then the values') of which
+/// the first `len` rows are filled, and the rotary angle tables
+/// `[capacity, hd / 2]` for the same positions.
 pub struct KvCache {
-    k: Vec<Tensor>,
-    v: Vec<Tensor>,
+    kv: Vec<Tensor>,
     cos: Option<Tensor>,
     sin: Option<Tensor>,
     capacity: usize,
@@ -327,19 +378,18 @@ impl Llama {
         // parts stacked into one matrix when they share a format (the
         // blocks concatenated on the host, one upload)
         let stacked = |names: &[(String, usize)], d: usize| -> Result<Stacked> {
-            let sizes: Vec<usize> = names.iter().map(|(_, n)| *n).collect();
             let parts: Vec<Option<(QuantFormat, &[u8])>> = names
                 .iter()
                 .map(|(name, n)| blocks(name, &[*n, d]))
                 .collect::<Result<_>>()?;
-            let rows: usize = sizes.iter().sum();
+            let rows: usize = names.iter().map(|(_, n)| *n).sum();
             if parts.iter().all(Option::is_none) {
                 let dense: Vec<Tensor> = names
                     .iter()
                     .map(|(name, n)| get(name, &[*n, d]))
                     .collect::<Result<_>>()?;
                 let refs: Vec<&Tensor> = dense.iter().collect();
-                return Ok(Stacked::Fused(Weight::Dense(Tensor::cat(&refs, 0)?), sizes));
+                return Ok(Stacked::Fused(Weight::Dense(Tensor::cat(&refs, 0)?)));
             }
             let first = parts[0].map(|(fmt, _)| fmt);
             if parts.iter().all(|p| p.map(|(fmt, _)| fmt) == first)
@@ -350,7 +400,7 @@ impl Llama {
                     bytes.extend_from_slice(b);
                 }
                 let w = QTensor::from_bytes(fmt, &[rows, d], &bytes, device)?;
-                return Ok(Stacked::Fused(Weight::Quant(w), sizes));
+                return Ok(Stacked::Fused(Weight::Quant(w)));
             }
             Ok(Stacked::Split(
                 names
@@ -443,8 +493,7 @@ impl Llama {
 
     pub fn new_cache(&self) -> KvCache {
         KvCache {
-            k: Vec::new(),
-            v: Vec::new(),
+            kv: Vec::new(),
             cos: None,
             sin: None,
             capacity: 0,
@@ -483,29 +532,22 @@ impl Llama {
             .max(CACHE_START)
             .max(cache.capacity * 2)
             .min(c.context_length);
-        let shape = [capacity, c.n_kv_heads, c.head_dim];
+        let shape = [capacity, 2 * c.n_kv_heads, c.head_dim];
         let grow = |old: &Tensor| -> Result<Tensor> {
             let mut t = Tensor::zeros(&shape, self.dtype, &self.device)?;
             t.slice_assign(0, &old.narrow(0, 0, cache.len)?)?;
             Ok(t)
         };
-        let (mut k, mut v) = (Vec::new(), Vec::new());
+        let mut kv = Vec::with_capacity(c.n_layers);
         for li in 0..c.n_layers {
-            match (cache.k.get(li), cache.v.get(li)) {
-                (Some(ok), Some(ov)) => {
-                    k.push(grow(ok)?);
-                    v.push(grow(ov)?);
-                }
-                _ => {
-                    k.push(Tensor::zeros(&shape, self.dtype, &self.device)?);
-                    v.push(Tensor::zeros(&shape, self.dtype, &self.device)?);
-                }
-            }
+            kv.push(match cache.kv.get(li) {
+                Some(old) => grow(old)?,
+                None => Tensor::zeros(&shape, self.dtype, &self.device)?,
+            });
         }
         let (cos, sin) = self.rope_tables(capacity)?;
         *cache = KvCache {
-            k,
-            v,
+            kv,
             cos: Some(cos),
             sin: Some(sin),
             capacity,
@@ -556,31 +598,33 @@ impl Llama {
         let eps = c.rms_eps as f32;
         let opts = AttentionOpts::causal(hd);
         for (li, l) in self.layers.iter().enumerate() {
-            let hn = x.rms_norm(&l.attn_norm, eps)?;
-            let qkv = l.qkv.apply(&hn, l.bqkv.as_ref())?;
-            let q = qkv[0].reshape(&[t, h, hd])?;
-            let k = qkv[1].reshape(&[t, kvh, hd])?;
-            let v = qkv[2].reshape(&[t, kvh, hd])?;
-            let q = q.rope(&cos, &sin, c.rope_style)?;
-            let k = k.rope(&cos, &sin, c.rope_style)?;
+            // [t, query heads, then key heads, then value heads, hd]: the
+            // queries and keys rotated, the values carried along
+            let qkv = l
+                .qkv
+                .apply(&x, (&l.attn_norm, eps), l.bqkv.as_ref())?
+                .reshape(&[t, h + 2 * kvh, hd])?
+                .rope_heads(&cos, &sin, c.rope_style, h + kvh)?;
+            let q = qkv.narrow(1, 0, h)?;
             // rows past `len` are not part of the cache until the step succeeds
-            cache.k[li].slice_assign(start, &k)?;
-            cache.v[li].slice_assign(start, &v)?;
-            let k_all = cache.k[li].narrow(0, 0, total)?;
-            let v_all = cache.v[li].narrow(0, 0, total)?;
+            cache.kv[li].slice_assign(start, &qkv.narrow(1, h, 2 * kvh)?)?;
+            let kv_all = cache.kv[li].narrow(0, 0, total)?;
+            let k_all = kv_all.narrow(1, 0, kvh)?;
+            let v_all = kv_all.narrow(1, kvh, kvh)?;
             let att = q
                 .attention(&k_all, &v_all, None, opts)?
                 .reshape(&[t, h * hd])?;
-            x = x.add(&l.wo.apply(&att)?)?;
-
-            let hn = x.rms_norm(&l.ffn_norm, eps)?;
-            let gate_up = l.gate_up.apply(&hn, None)?; // gate, up: [t, ffn] each
-            x = x.add(&l.w_down.apply(&gate_up[0].swiglu(&gate_up[1])?)?)?;
+            x = l.wo.add_to(&att, &x)?;
+            let act = l.gate_up.swiglu(&x, (&l.ffn_norm, eps))?; // [t, ffn]
+            x = l.w_down.add_to(&act, &x)?;
         }
         cache.len = total;
         let x = if last_only { x.narrow(0, t - 1, 1)? } else { x };
-        let x = x.rms_norm(&self.out_norm, eps)?;
+        let fuse = QFuse {
+            rms_norm: Some((&self.out_norm, eps)),
+            ..QFuse::default()
+        };
         // logits leave in f32 whatever the compute dtype: sampling reads them on the host
-        Ok(self.lm_head.apply(&x)?.to_dtype(DType::F32)?)
+        Ok(self.lm_head.fused(&x, fuse)?.to_dtype(DType::F32)?)
     }
 }

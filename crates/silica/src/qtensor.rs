@@ -4,7 +4,7 @@
 use crate::dispatch::run;
 use crate::quant::QuantFormat;
 use crate::storage::{CpuStorage, Storage};
-use crate::{DType, Device, Error, Op, Result, Tensor};
+use crate::{DType, Device, Error, Op, QFusion, Result, Tensor};
 
 /// A 2-D weight matrix `[rows, cols]` stored in a block format, rows of
 /// whole blocks one after the other, exactly as in a GGUF file.
@@ -286,13 +286,56 @@ impl QTensor {
     }
 }
 
+/// What [`Tensor::matmul_q_fused`] does around the product `x @ wᵀ`: the
+/// steps of a transformer block that surround its projections, done in the
+/// product's kernel where the device has one for them (a GPU, for up to 8
+/// rows of `x`: decode), and as separate ops otherwise.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct QFuse<'a> {
+    /// `x.rms_norm(weight, eps)` in place of `x`.
+    pub rms_norm: Option<(&'a Tensor, f32)>,
+    /// `w` holds two stacked matrices `[2n, k]` (gate, then up): the result
+    /// is `silu(x @ gateᵀ) * (x @ upᵀ)`, `[.., n]`.
+    pub swiglu: bool,
+    /// Added to the result (same shape and dtype as the result).
+    pub residual: Option<&'a Tensor>,
+}
+
 impl Tensor {
     /// `self @ wᵀ` for a quantized weight `w` of shape `[n, k]` stored as
     /// checkpoints store linear layers: `self` is `[.., k]` (any float
     /// dtype), the result `[.., n]` in the same dtype. The blocks are
     /// decoded inside the kernel (GEMV for up to 8 rows, tiled otherwise).
     pub fn matmul_q(&self, w: &QTensor) -> Result<Tensor> {
-        let op = "matmul_q";
+        self.matmul_q_fused(w, QFuse::default())
+    }
+
+    /// A quantized product with the steps around it that `fuse` names:
+    /// `residual + swiglu(rms_norm(self) @ wᵀ)`, each part optional (see
+    /// [`QFuse`]). The result is `[.., n]` in `self`'s dtype, `n` the rows
+    /// of `w` (half of them with `swiglu`). On a GPU, for up to 8 rows of
+    /// `self` (4 with `swiglu`), the whole is one kernel; elsewhere it is
+    /// the same ops one after the other.
+    ///
+    /// ```
+    /// use silica::{DType, Device, QFuse, QTensor, QuantFormat, Tensor};
+    /// let dev = Device::cpu();
+    /// let w = Tensor::randn(&[16, 64], DType::F32, 1, &dev)?;
+    /// let gate_up = QTensor::quantize(&w, QuantFormat::Q8_0)?;
+    /// let x = Tensor::randn(&[1, 64], DType::F32, 2, &dev)?;
+    /// let g = Tensor::ones(&[64], DType::F32, &dev)?;
+    /// let r = Tensor::randn(&[1, 8], DType::F32, 3, &dev)?;
+    /// let fuse = QFuse { rms_norm: Some((&g, 1e-5)), swiglu: true, residual: Some(&r) };
+    /// let y = x.matmul_q_fused(&gate_up, fuse)?; // [1, 8]
+    /// let h = x.rms_norm(&g, 1e-5)?.matmul_q(&gate_up)?;
+    /// let want = h.narrow(1, 0, 8)?.swiglu(&h.narrow(1, 8, 8)?)?.add(&r)?;
+    /// let diff = y.sub(&want)?.abs()?.max(-1, false)?.to_vec::<f32>()?;
+    /// assert!(diff[0] < 1e-4);
+    /// # Ok::<(), silica::Error>(())
+    /// ```
+    pub fn matmul_q_fused(&self, w: &QTensor, fuse: QFuse<'_>) -> Result<Tensor> {
+        let plain = fuse.rms_norm.is_none() && !fuse.swiglu && fuse.residual.is_none();
+        let op = if plain { "matmul_q" } else { "matmul_q_fused" };
         self.same_device(&w.words, op)?;
         let k = self.shape().last().copied().unwrap_or(0);
         if self.rank() == 0 || k != w.cols {
@@ -306,21 +349,122 @@ impl Tensor {
                 ),
             });
         }
-        // the kernels read x as contiguous rows whose starts are whole
-        // vec4 words (8 elements covers f32 and the 16-bit types)
-        let x = if self.is_contiguous() && self.layout().offset().is_multiple_of(8) {
-            self.clone()
+        let n = if fuse.swiglu {
+            if !w.rows.is_multiple_of(2) {
+                return Err(Error::InvalidArgument {
+                    op,
+                    msg: format!(
+                        "swiglu needs gate and up stacked in w, an even row count, not {}",
+                        w.rows
+                    ),
+                });
+            }
+            w.rows / 2
         } else {
-            self.copy()?
+            w.rows
         };
         let mut out_shape = self.shape().to_vec();
         let last = out_shape.len() - 1;
-        out_shape[last] = w.rows;
-        run(
-            Op::QMatmul { format: w.format },
-            &[&x, &w.words],
-            out_shape,
-            self.dtype(),
-        )
+        out_shape[last] = n;
+        let mut inputs = vec![aligned_rows(self)?, w.words.clone()];
+        if let Some((g, _)) = fuse.rms_norm {
+            self.same_device(g, op)?;
+            if g.shape() != [k] || g.dtype() != self.dtype() {
+                return Err(Error::InvalidArgument {
+                    op,
+                    msg: format!(
+                        "the norm weight is {:?} {}, expected [{k}] {}",
+                        g.shape(),
+                        g.dtype(),
+                        self.dtype()
+                    ),
+                });
+            }
+            inputs.push(aligned_rows(g)?);
+        }
+        if let Some(r) = fuse.residual {
+            self.same_device(r, op)?;
+            if r.shape() != out_shape || r.dtype() != self.dtype() {
+                return Err(Error::InvalidArgument {
+                    op,
+                    msg: format!(
+                        "the residual is {:?} {}, expected {out_shape:?} {}",
+                        r.shape(),
+                        r.dtype(),
+                        self.dtype()
+                    ),
+                });
+            }
+            inputs.push(r.contiguous()?);
+        }
+        let fusion = QFusion {
+            rms_norm: fuse.rms_norm.map(|(_, eps)| eps),
+            swiglu: fuse.swiglu,
+            residual: fuse.residual.is_some(),
+        };
+        let refs: Vec<&Tensor> = inputs.iter().collect();
+        let rows = self.numel() / k.max(1);
+        let fused_kernel = match self.device() {
+            Device::Gpu(g) => g.fuses_qmatmul(rows, fusion),
+            Device::Cpu => false,
+        };
+        if plain || fused_kernel {
+            let op = Op::QMatmul {
+                format: w.format,
+                fusion,
+            };
+            run(op, &refs, out_shape, self.dtype())
+        } else {
+            qmatmul_composed(w.format, fusion, &refs)
+        }
     }
+}
+
+/// `t` if it is contiguous from a multiple of 8 elements (the quantized
+/// kernels read rows as whole vec4 words, 8 elements covering f32 and the
+/// 16-bit types), a copy otherwise.
+fn aligned_rows(t: &Tensor) -> Result<Tensor> {
+    if t.is_contiguous() && t.layout().offset().is_multiple_of(8) {
+        Ok(t.clone())
+    } else {
+        t.copy()
+    }
+}
+
+/// A fused quantized product (inputs as for [`Op::QMatmul`]) as separate
+/// ops: where no kernel fuses it, and the CPU reference. Like the fused
+/// kernel, it computes in f32 and rounds to the dtype once, at the end.
+pub(crate) fn qmatmul_composed(
+    format: QuantFormat,
+    fusion: QFusion,
+    inputs: &[&Tensor],
+) -> Result<Tensor> {
+    let dtype = inputs[0].dtype();
+    let f32_of = |t: &Tensor| t.to_dtype(DType::F32);
+    let mut x = f32_of(inputs[0])?;
+    let w = inputs[1];
+    let mut next = 2;
+    if let Some(eps) = fusion.rms_norm {
+        x = x.rms_norm(&f32_of(inputs[2])?, eps)?;
+        next += 1;
+    }
+    let k = x.shape().last().copied().unwrap_or(0);
+    // the blocks are padded to whole words only: the floor is the row count
+    let rows = (w.numel() * 4) / format.bytes_for(k).max(1);
+    let mut shape = x.shape().to_vec();
+    let last = shape.len() - 1;
+    shape[last] = rows;
+    let plain = Op::QMatmul {
+        format,
+        fusion: QFusion::NONE,
+    };
+    let mut y = run(plain, &[&aligned_rows(&x)?, w], shape, DType::F32)?;
+    if fusion.swiglu {
+        let n = rows / 2;
+        y = y.narrow(-1, 0, n)?.swiglu(&y.narrow(-1, n, n)?)?;
+    }
+    if fusion.residual {
+        y = y.add(&f32_of(inputs[next])?)?;
+    }
+    y.to_dtype(dtype)
 }

@@ -6,7 +6,7 @@
 
 mod common;
 
-use silica::{DType, Device, QTensor, QuantFormat, Result, Tensor};
+use silica::{DType, Device, QFuse, QTensor, QuantFormat, Result, Tensor};
 
 /// |gpu - cpu| <= atol + rtol * |cpu|; NaN must match NaN.
 #[derive(Clone, Copy, Debug)]
@@ -392,6 +392,51 @@ fn qmatmul_cases(cases: &mut Vec<Case>) {
     }
 }
 
+/// `residual + swiglu(rms_norm(x) @ wᵀ)` with every subset of the three
+/// fusions: one kernel on a GPU for up to 8 rows of x (4 with SwiGLU),
+/// separate ops beyond; column counts odd and even (16-bit results of odd
+/// width go through an f32 buffer), a residual that is a transposed view.
+fn qmatmul_fused_cases(cases: &mut Vec<Case>) {
+    // (rows of x, output columns, k)
+    let shapes = [
+        (1, 34, 256),
+        (2, 33, 512),
+        (3, 66, 256),
+        (6, 10, 256),
+        (12, 18, 256),
+    ];
+    for format in [
+        QuantFormat::Q4_0,
+        QuantFormat::Q8_0,
+        QuantFormat::Q4_K,
+        QuantFormat::Q6_K,
+    ] {
+        for dtype in DType::FLOATS {
+            for bits in 1..8u32 {
+                let (norm, swiglu, residual) = (bits & 1 != 0, bits & 2 != 0, bits & 4 != 0);
+                for (m, n, k) in shapes {
+                    let name = format!(
+                        "matmul_q_fused {format} {dtype} norm={norm} swiglu={swiglu} residual={residual} [{m}, {k}] -> {n}"
+                    );
+                    case(cases, name, accumulating(dtype), move |d| {
+                        let rows = if swiglu { 2 * n } else { n };
+                        let w = QTensor::random(format, &[rows, k], 40, d)?;
+                        let x = input(Kind::Contiguous, &[m, k], dtype, 41, d)?;
+                        let g = input(Kind::Offset, &[k], dtype, 42, d)?;
+                        let r = input(Kind::Transposed, &[m, n], dtype, 43, d)?;
+                        let fuse = QFuse {
+                            rms_norm: norm.then_some((&g, 1e-5)),
+                            swiglu,
+                            residual: residual.then_some(&r),
+                        };
+                        x.matmul_q_fused(&w, fuse)
+                    });
+                }
+            }
+        }
+    }
+}
+
 fn data_movement_cases(cases: &mut Vec<Case>) {
     for from in DType::ALL {
         for to in DType::ALL {
@@ -463,6 +508,7 @@ fn all_cases() -> Vec<Case> {
     matmul_cases(&mut cases);
     forced_matmul_cases(&mut cases);
     qmatmul_cases(&mut cases);
+    qmatmul_fused_cases(&mut cases);
     data_movement_cases(&mut cases);
     nn_cases(&mut cases);
     cases
@@ -533,6 +579,15 @@ fn nn_cases(cases: &mut Vec<Case>) {
                         let (cos, sin) = rope_tables(t + 2, shape[r - 1] / 2, d)?;
                         let (cos, sin) = (cos.narrow(0, 2, t)?, sin.narrow(0, 2, t)?);
                         input(kind, shape, dtype, 14, d)?.rope(&cos, &sin, style)
+                    });
+                    // the first heads rotated, the rest copied (packed QKV)
+                    let name = format!("rope_heads {style:?} {dtype} {kind:?} {shape:?}");
+                    case(cases, name, tol(dtype), move |d| {
+                        let r = shape.len();
+                        let t = shape[r - 3];
+                        let (cos, sin) = rope_tables(t, shape[r - 1] / 2, d)?;
+                        let x = input(kind, shape, dtype, 15, d)?;
+                        x.rope_heads(&cos, &sin, style, shape[r - 2] / 2 + 1)
                     });
                 }
             }

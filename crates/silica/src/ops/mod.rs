@@ -19,6 +19,34 @@ pub use unary::UnaryOp;
 
 use crate::{DType, QuantFormat};
 
+/// What a quantized product fuses around `x @ wᵀ` (see
+/// [`crate::Tensor::matmul_q_fused`]): an RMSNorm of the rows of `x`
+/// before, and SwiGLU over the two halves of the columns and a residual add
+/// after.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct QFusion {
+    /// RMSNorm of `x` with this epsilon (and the op's third input as the
+    /// weight).
+    pub rms_norm: Option<f32>,
+    /// `silu(y[.., :n]) * y[.., n:]` of the product `y [.., 2n]`.
+    pub swiglu: bool,
+    /// The op's last input added to the result.
+    pub residual: bool,
+}
+
+impl QFusion {
+    /// Nothing fused: the plain product.
+    pub const NONE: QFusion = QFusion {
+        rms_norm: None,
+        swiglu: false,
+        residual: false,
+    };
+
+    pub fn is_none(&self) -> bool {
+        *self == Self::NONE
+    }
+}
+
 /// One operation as the backends see it. Shapes are already checked and
 /// broadcast by the `Tensor` method; outputs are always new contiguous tensors.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -42,8 +70,13 @@ pub enum Op {
     Matmul,
     /// `x [.., K] @ wᵀ` for a quantized `w [N, K]`; inputs `[x, w]`, `x`
     /// contiguous from a multiple of 8 elements, `w` the blocks as a flat
-    /// `U32` tensor (see [`crate::QTensor`]).
-    QMatmul { format: QuantFormat },
+    /// `U32` tensor (see [`crate::QTensor`]), then the norm weight `[K]`
+    /// and the residual (the output's shape, contiguous) where `fusion`
+    /// asks for them.
+    QMatmul {
+        format: QuantFormat,
+        fusion: QFusion,
+    },
     /// Rows of a quantized matrix with rows of `k` values, decoded; inputs
     /// `[ids, w]`, `ids` contiguous `U32`, `w` the blocks as for `QMatmul`.
     QRows { format: QuantFormat, k: usize },
@@ -60,7 +93,8 @@ pub enum Op {
     /// LayerNorm of the last dimension; inputs `[x, weight, bias]`.
     LayerNorm { eps: f32 },
     /// Rotary embeddings; inputs `[x [.., T, H, D], cos [T, D/2], sin [T, D/2]]`.
-    Rope { style: RopeStyle },
+    /// Heads from `rotated` on are copied unchanged.
+    Rope { style: RopeStyle, rotated: usize },
     /// Attention; inputs `[q, k, v]` or `[q, k, v, mask]`, all rank 4
     /// (`[B, T, heads, D]`, the mask broadcast to `[B, H, Tq, Tk]`).
     Attention { scale: f32, causal: bool },
@@ -79,7 +113,18 @@ impl Op {
             Op::Softmax { log: false } => "softmax",
             Op::Softmax { log: true } => "log_softmax",
             Op::Matmul => "matmul",
-            Op::QMatmul { .. } => "matmul_q",
+            Op::QMatmul { fusion, .. } => {
+                match (fusion.rms_norm.is_some(), fusion.swiglu, fusion.residual) {
+                    (false, false, false) => "matmul_q",
+                    (false, false, true) => "matmul_q+add",
+                    (false, true, false) => "matmul_q+swiglu",
+                    (false, true, true) => "matmul_q+swiglu+add",
+                    (true, false, false) => "rms_norm+matmul_q",
+                    (true, false, true) => "rms_norm+matmul_q+add",
+                    (true, true, false) => "rms_norm+matmul_q+swiglu",
+                    (true, true, true) => "rms_norm+matmul_q+swiglu+add",
+                }
+            }
             Op::QRows { .. } => "embedding_q",
             Op::Cast => "to_dtype",
             Op::Copy => "contiguous",
@@ -105,6 +150,15 @@ impl Op {
         ops.push(Op::Matmul);
         ops.push(Op::QMatmul {
             format: QuantFormat::Q4_0,
+            fusion: QFusion::NONE,
+        });
+        ops.push(Op::QMatmul {
+            format: QuantFormat::Q4_0,
+            fusion: QFusion {
+                rms_norm: Some(1e-6),
+                swiglu: true,
+                residual: true,
+            },
         });
         ops.push(Op::QRows {
             format: QuantFormat::Q4_0,
@@ -118,6 +172,7 @@ impl Op {
         ops.push(Op::LayerNorm { eps: 1e-12 });
         ops.push(Op::Rope {
             style: RopeStyle::Adjacent,
+            rotated: usize::MAX,
         });
         ops.push(Op::Attention {
             scale: 1.0,

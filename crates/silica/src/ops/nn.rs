@@ -112,7 +112,20 @@ impl Tensor {
     /// `(x0 cos - x1 sin, x0 sin + x1 cos)`; `style` says which dimensions
     /// pair up.
     pub fn rope(&self, cos: &Tensor, sin: &Tensor, style: RopeStyle) -> Result<Tensor> {
-        let op = Op::Rope { style };
+        self.rope_heads(cos, sin, style, usize::MAX)
+    }
+
+    /// [`Tensor::rope`] of the first `rotated` heads, the others copied
+    /// unchanged: the queries and keys of a packed `[T, Q + K + V heads, D]`
+    /// projection rotated (and the values carried along) in one kernel.
+    pub fn rope_heads(
+        &self,
+        cos: &Tensor,
+        sin: &Tensor,
+        style: RopeStyle,
+        rotated: usize,
+    ) -> Result<Tensor> {
+        let op = Op::Rope { style, rotated };
         self.require_rank(op.name(), 3)?;
         let r = self.rank();
         let (t, d) = (self.shape()[r - 3], self.shape()[r - 1]);

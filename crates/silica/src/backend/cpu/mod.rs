@@ -48,8 +48,12 @@ impl Backend for CpuBackend {
             Op::Softmax { log } => reduce::softmax(inputs[0], log, out_dtype),
             Op::Matmul => matmul::matmul(inputs[0], inputs[1], out_shape, out_dtype),
             Op::QRows { format, k } => qmatmul::qrows(format, inputs[0], inputs[1], k, out_dtype)?,
-            Op::QMatmul { format } => {
+            Op::QMatmul { format, fusion } if fusion.is_none() => {
                 qmatmul::qmatmul(format, inputs[0], inputs[1], out_shape, out_dtype)
+            }
+            // the CPU has no fused kernel: the parts one after the other
+            Op::QMatmul { format, fusion } => {
+                host(&crate::qtensor::qmatmul_composed(format, fusion, inputs)?).clone()
             }
             Op::Cast => elementwise::cast(inputs[0], out_dtype),
             Op::Copy => host(inputs[0]).gather(inputs[0].layout()),
@@ -59,7 +63,9 @@ impl Backend for CpuBackend {
             Op::LayerNorm { eps } => {
                 nn::layer_norm(inputs[0], inputs[1], inputs[2], eps, out_dtype)
             }
-            Op::Rope { style } => nn::rope(inputs[0], inputs[1], inputs[2], style, out_dtype),
+            Op::Rope { style, rotated } => {
+                nn::rope(inputs[0], inputs[1], inputs[2], style, rotated, out_dtype)
+            }
             Op::Attention { scale, causal } => nn::attention(inputs, scale, causal, out_dtype),
         };
         debug_assert_eq!(out.len(), out_shape.iter().product::<usize>());

@@ -64,7 +64,14 @@ pub fn layer_norm(x: &Tensor, w: &Tensor, b: &Tensor, eps: f32, out: DType) -> C
     CpuStorage::from_f32(y, out)
 }
 
-pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor, style: RopeStyle, out: DType) -> CpuStorage {
+pub fn rope(
+    x: &Tensor,
+    cos: &Tensor,
+    sin: &Tensor,
+    style: RopeStyle,
+    rotated: usize,
+    out: DType,
+) -> CpuStorage {
     let r = x.rank();
     let (t, h, d) = (x.shape()[r - 3], x.shape()[r - 2], x.shape()[r - 1]);
     let half = d / 2;
@@ -74,6 +81,10 @@ pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor, style: RopeStyle, out: DType
     map_rows(&mut y, d, |row, o| {
         let pos = (row / h) % t;
         let src = &xs[row * d..(row + 1) * d];
+        if row % h >= rotated {
+            o.copy_from_slice(src);
+            return;
+        }
         for i in 0..half {
             let (c, s) = (cs[pos * half + i] as f64, sn[pos * half + i] as f64);
             let (i0, i1) = match style {

@@ -12,8 +12,16 @@ use crate::{DeviceInfo, Error, Result};
 /// Threads per workgroup of the one-dimensional kernels.
 pub(crate) const WG: u32 = 256;
 
-/// Dispatches recorded before the pending encoder is submitted without waiting.
+/// Most dispatches in one submitted batch (the profiling query set holds
+/// two timestamps for each).
 const DISPATCH_BUDGET: u32 = 1024;
+
+/// Dispatches recorded before the pending encoder is submitted without
+/// waiting, unless `SILICA_SUBMIT_EVERY` says otherwise: small enough that
+/// the GPU starts on a long sequence of ops (a decoded token is 100-500
+/// dispatches) while the host still records the rest, large enough that
+/// the cost of a submission stays small beside the work it carries.
+const SUBMIT_EVERY: u32 = 64;
 
 /// A WGSL module: `common.wgsl` followed by the family's file.
 pub(crate) struct Kernel {
@@ -31,8 +39,9 @@ pub(crate) struct Kernel {
 
 type PipelineKey = (&'static str, Vec<(&'static str, u64)>);
 
-/// Bytes of one parameter slab: one 256-byte slot per dispatch of a batch.
-const SLAB_BYTES: u64 = 256 * DISPATCH_BUDGET as u64;
+/// Bytes of one kernel's parameter slot in a slab (the largest uniform
+/// offset alignment wgpu allows); a slab holds a slot per dispatch of a batch.
+const SLOT_BYTES: u64 = 256;
 
 /// Work recorded but not yet submitted.
 struct Pending {
@@ -98,6 +107,8 @@ pub(crate) struct Context {
     pub forced_matmul: Mutex<Option<&'static str>>,
     max_groups: u32,
     workgroup_memory: u32,
+    /// Dispatches per submitted batch (see SUBMIT_EVERY).
+    submit_every: u32,
     modules: Mutex<HashMap<&'static str, wgpu::ShaderModule>>,
     pipelines: Mutex<HashMap<PipelineKey, wgpu::ComputePipeline>>,
     layouts: Mutex<HashMap<usize, (wgpu::BindGroupLayout, wgpu::PipelineLayout)>>,
@@ -208,6 +219,11 @@ impl Context {
             forced_matmul: Mutex::new(None),
             max_groups: limits.max_compute_workgroups_per_dimension,
             workgroup_memory: limits.max_compute_workgroup_storage_size,
+            submit_every: std::env::var("SILICA_SUBMIT_EVERY")
+                .ok()
+                .and_then(|v| v.parse::<u32>().ok())
+                .unwrap_or(SUBMIT_EVERY)
+                .clamp(1, DISPATCH_BUDGET),
             modules: Mutex::new(HashMap::new()),
             pipelines: Mutex::new(HashMap::new()),
             layouts: Mutex::new(HashMap::new()),
@@ -779,13 +795,14 @@ impl Context {
         // a parameter slot: params are at most 256 bytes, the largest
         // uniform offset alignment wgpu allows
         debug_assert!(params.len() <= 256 && params.len().is_multiple_of(4));
-        if p.slab.is_none() || p.slot + 256 > SLAB_BYTES {
+        let slab_bytes = SLOT_BYTES * self.submit_every as u64;
+        if p.slab.is_none() || p.slot + SLOT_BYTES > slab_bytes {
             if let Some(full) = p.slab.take() {
                 p.full_slabs.push(full);
             }
             p.slab = Some(self.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("silica params"),
-                size: SLAB_BYTES,
+                size: slab_bytes,
                 usage: wgpu::BufferUsages::UNIFORM,
                 mapped_at_creation: true,
             }));
@@ -794,7 +811,7 @@ impl Context {
         // invariant: a slab was put in place just above
         let slab = p.slab.as_ref().expect("a parameter slab");
         let offset = p.slot;
-        p.slot += 256;
+        p.slot += SLOT_BYTES;
         slab.slice(offset..offset + params.len() as u64)
             .get_mapped_range_mut()
             .map_err(|e| self.gpu_err(e))?
@@ -832,7 +849,7 @@ impl Context {
             pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
         }
         p.dispatches += 1;
-        let submit = p.dispatches >= DISPATCH_BUDGET;
+        let submit = p.dispatches >= self.submit_every;
         drop(guard);
         if submit {
             self.flush();

@@ -3,7 +3,10 @@
 // `chunk` keys of one query row (b, i, h) and writes its partial result,
 // (maximum m, sum l, unnormalized accumulator acc[D]) as f32 words, to the
 // scratch buffer `dst`: [rows, chunks, record], rows in the output's order.
-// attention_combine.wgsl then merges the chunks of each row.
+// attention_combine.wgsl then merges the chunks of each row. With FINAL
+// (one chunk holds every key, and the head size is a multiple of 4) the
+// workgroup normalizes its result and writes the output row itself, in
+// OUT_DT, and no merge pass runs.
 // Threads: 32 key lanes × 4 dimension slices. Per step of 32 keys, thread
 // (lane, s) takes the dot product of key lane + step over chunks s, s + 4,
 // ... of the head; the four partials meet in workgroup memory; each lane
@@ -13,6 +16,9 @@
 const LANES: u32 = 32u;
 const ROW: u32 = 32u;
 const NU: u32 = 8u;
+
+override FINAL: bool = false;
+override OUT_DT: u32 = 0u;
 
 var<workgroup> qsh: array<vec4<f32>, ROW>;
 var<workgroup> part: array<f32, 128>;
@@ -127,6 +133,31 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         big = max(big, lane_m[x]);
     }
     let out0 = g * p.record;
+    if FINAL {
+        if lid < d4 {
+            var y = vec4<f32>(0.0);
+            var sum = 0.0;
+            for (var x = 0u; x < LANES; x++) {
+                let w = exp(lane_m[x] - big);
+                y = fma(vec4<f32>(w), lane_acc[x * ROW + lid], y);
+                sum = fma(w, lane_l[x], sum);
+            }
+            // no visible key: NaN, as in attention_combine.wgsl
+            y = select(y / sum, vec4<f32>(bitcast<f32>(0x7fc00000u)), sum == 0.0);
+            // g is the row (one chunk); d is a multiple of 4
+            let e = g * p.d + 4u * lid;
+            if OUT_DT == 1u || OUT_DT == 2u {
+                dst[e >> 1u] = encode_pair(y.x, y.y, OUT_DT);
+                dst[(e >> 1u) + 1u] = encode_pair(y.z, y.w, OUT_DT);
+            } else {
+                dst[e] = bitcast<u32>(y.x);
+                dst[e + 1u] = bitcast<u32>(y.y);
+                dst[e + 2u] = bitcast<u32>(y.z);
+                dst[e + 3u] = bitcast<u32>(y.w);
+            }
+        }
+        return;
+    }
     if lid < d4 {
         var y = vec4<f32>(0.0);
         for (var x = 0u; x < LANES; x++) {

@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 pub use crate::memory::GpuBuffer;
 use crate::memory::MemoryPool;
 use crate::storage::{CpuStorage, Storage};
-use crate::{DType, DeviceInfo, Error, Op, Result, Tensor};
+use crate::{DType, DeviceInfo, Error, Op, QFusion, Result, Tensor};
 pub use context::KernelTime;
 pub(crate) use context::{Context, Kernel};
 
@@ -240,6 +240,19 @@ impl GpuDevice {
         Ok(())
     }
 
+    /// Whether one kernel computes the fused quantized product `fusion` for
+    /// `rows` rows of x (the GEMV kernel's epilogues).
+    pub(crate) fn fuses_qmatmul(&self, rows: usize, fusion: QFusion) -> bool {
+        qmatmul::fuses(rows, fusion)
+            && self.supports(
+                &Op::QMatmul {
+                    format: crate::QuantFormat::Q8_0,
+                    fusion,
+                },
+                &[DType::F32],
+            )
+    }
+
     /// Whether a GPU kernel exists for `op` with inputs of these dtypes.
     pub(crate) fn has_kernel(&self, op: &Op, inputs: &[&Tensor]) -> bool {
         let dtypes: Vec<DType> = inputs.iter().map(|t| t.dtype()).collect();
@@ -320,8 +333,8 @@ impl GpuDevice {
             Op::QRows { format, k } => {
                 qmatmul::qrows(c, format, inputs[0], inputs[1], k, &out, out_dtype)?
             }
-            Op::QMatmul { format } => {
-                qmatmul::qmatmul(c, format, inputs[0], inputs[1], out_shape, &out, out_dtype)?
+            Op::QMatmul { format, fusion } => {
+                qmatmul::qmatmul(c, format, fusion, inputs, out_shape, &out, out_dtype)?
             }
             Op::RmsNorm { eps } => nn::norm(c, inputs[0], inputs[1], None, eps, &out, out_dtype)?,
             Op::LayerNorm { eps } => nn::norm(
@@ -333,7 +346,7 @@ impl GpuDevice {
                 &out,
                 out_dtype,
             )?,
-            Op::Rope { style } => nn::rope(c, inputs, style, &out, out_dtype)?,
+            Op::Rope { style, rotated } => nn::rope(c, inputs, style, rotated, &out, out_dtype)?,
             Op::Attention { scale, causal } => {
                 nn::attention(c, inputs, scale, causal, &out, out_dtype)?
             }

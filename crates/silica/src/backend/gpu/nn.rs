@@ -133,6 +133,7 @@ pub(crate) fn rope(
     ctx: &Context,
     inputs: &[&Tensor],
     style: RopeStyle,
+    rotated: usize,
     out: &GpuBuffer,
     out_dtype: DType,
 ) -> Result<()> {
@@ -151,6 +152,7 @@ pub(crate) fn rope(
         rows[4],
         to_u32(inputs[1].layout().offset(), "offset")?,
         to_u32(inputs[2].layout().offset(), "offset")?,
+        to_u32(rotated.min(h), "head count")?,
     ];
     let units = match out_dtype {
         DType::F16 | DType::BF16 => n.div_ceil(2),
@@ -256,6 +258,21 @@ pub(crate) fn attention(
     let wg_memory = ctx.workgroup_memory();
     let kernel = if d > TILED_MAX_D || wg_memory < 32 * 1024 {
         &ATTENTION
+    } else if tq <= DECODE_MAX_TQ && chunks == 1 && d.is_multiple_of(4) {
+        // every key in one chunk: the decode kernel writes the output
+        return ctx.dispatch(
+            &DECODE_ATTENTION,
+            &[
+                ("DT", code(dt)),
+                ("HAS_MASK", has_mask),
+                ("FINAL", 1.0),
+                ("OUT_DT", code(out_dtype)),
+            ],
+            bytes,
+            &srcs,
+            out.raw(),
+            ctx.grid(to_u32(rows, "workgroup count")?),
+        );
     } else if tq <= DECODE_MAX_TQ {
         let groups = to_u32(rows * chunks, "workgroup count")?;
         let scratch = ctx.pool.alloc((rows * chunks * record * 4) as u64)?;
@@ -325,6 +342,15 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
                 out.push((kernel, vec![("DT", dt), ("OUT_DT", dt), ("HAS_MASK", mask)]));
             }
             out.push((&DECODE_ATTENTION, vec![("DT", dt), ("HAS_MASK", mask)]));
+            out.push((
+                &DECODE_ATTENTION,
+                vec![
+                    ("DT", dt),
+                    ("HAS_MASK", mask),
+                    ("FINAL", 1.0),
+                    ("OUT_DT", dt),
+                ],
+            ));
         }
         out.push((&ATTENTION_COMBINE, vec![("OUT_DT", dt)]));
     }

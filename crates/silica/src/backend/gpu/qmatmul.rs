@@ -6,7 +6,7 @@ use super::elementwise::{buffer, to_u32, via_f32};
 use super::{Context, Kernel};
 use crate::memory::GpuBuffer;
 use crate::quant::QuantFormat;
-use crate::{DType, Error, Result, Tensor};
+use crate::{DType, Error, QFusion, Result, Tensor};
 
 macro_rules! qkernel {
     ($file:literal) => {
@@ -23,7 +23,9 @@ macro_rules! qkernel {
 pub(crate) static QGEMV: Kernel = Kernel {
     name: "qgemv",
     source: qkernel!("qgemv.wgsl"),
-    inputs: 2,
+    // x, the blocks, the norm weight, the residual (x in place of those
+    // not fused)
+    inputs: 4,
     trusted: true,
 };
 
@@ -117,15 +119,25 @@ fn gemv_lanes(n: usize, k: usize, rows: usize) -> usize {
     lanes
 }
 
+/// Whether the GEMV kernel computes `fusion` for `m` rows of x: up to 8
+/// rows, 4 with SwiGLU (whose lane sets need two weight rows at least).
+pub(crate) fn fuses(m: usize, fusion: QFusion) -> bool {
+    m <= GEMV_MAX_M && (!fusion.swiglu || gemv_rows(m) >= 2)
+}
+
+/// `x @ wᵀ` (inputs as for `Op::QMatmul`), with the fusions of the GEMV
+/// kernel; a fusion it cannot do is `NotSupported` (the op layer runs
+/// those as separate ops).
 pub(crate) fn qmatmul(
     ctx: &Context,
     format: QuantFormat,
-    x: &Tensor,
-    w: &Tensor,
+    fusion: QFusion,
+    inputs: &[&Tensor],
     out_shape: &[usize],
     out: &GpuBuffer,
     out_dtype: DType,
 ) -> Result<()> {
+    let (x, w) = (inputs[0], inputs[1]);
     let k = x.shape().last().copied().unwrap_or(0);
     let n = out_shape.last().copied().unwrap_or(0);
     let m = x.numel() / k.max(1);
@@ -136,15 +148,32 @@ pub(crate) fn qmatmul(
             reason: "x must be contiguous from a multiple of 8 elements".into(),
         });
     }
+    if !fusion.is_none() && !fuses(m, fusion) {
+        return Err(Error::NotSupported {
+            op: "matmul_q",
+            reason: format!("no kernel fuses {fusion:?} for {m} rows"),
+        });
+    }
     let row_bytes = format.bytes_for(k);
     let max = ctx.max_groups() as usize;
-    let (kernel, grid, lanes) = if m <= GEMV_MAX_M {
+    let (kernel, grid, gemv) = if m <= GEMV_MAX_M {
         let rows = gemv_rows(m);
-        let lanes = gemv_lanes(n, k, rows);
-        let groups = n.div_ceil(256 / lanes * rows);
-        (&QGEMV, [groups.min(max), groups.div_ceil(max), 1], lanes)
+        let oc = if fusion.swiglu { rows / 2 } else { rows };
+        let lanes = gemv_lanes(n, k, oc);
+        let groups = n.div_ceil(256 / lanes * oc);
+        let gemv = Gemv {
+            m,
+            lanes,
+            fusion,
+            residual: x.dtype(),
+        };
+        (
+            &QGEMV,
+            [groups.min(max), groups.div_ceil(max), 1],
+            Some(gemv),
+        )
     } else {
-        (&QMATMUL, [n.div_ceil(64), m.div_ceil(64), 1], 0)
+        (&QMATMUL, [n.div_ceil(64), m.div_ceil(64), 1], None)
     };
     if grid.iter().any(|&g| g > max) {
         return Err(Error::NotSupported {
@@ -152,46 +181,80 @@ pub(crate) fn qmatmul(
             reason: format!("grid {grid:?} exceeds the adapter's workgroup limit"),
         });
     }
+    let mut next = 2;
+    let mut fused = |on: bool| {
+        let t = on.then(|| inputs[next]);
+        next += on as usize;
+        t
+    };
+    let g = fused(fusion.rms_norm.is_some());
+    let r = fused(fusion.residual);
     let header = [
         to_u32(m, "M")?,
         to_u32(n, "N")?,
         to_u32(k, "K")?,
         to_u32(row_bytes, "row bytes")?,
         to_u32(x.layout().offset(), "offset")?,
-        0,
-        0,
-        0,
+        fusion.rms_norm.unwrap_or(0.0).to_bits(),
+        to_u32(g.map_or(0, |g| g.layout().offset()), "offset")?,
+        to_u32(r.map_or(0, |r| r.layout().offset()), "offset")?,
     ];
     let bytes: &[u8] = bytemuck::cast_slice(&header);
+    let srcs = match gemv {
+        Some(_) => vec![
+            buffer(x),
+            buffer(w),
+            buffer(g.unwrap_or(x)),
+            buffer(r.unwrap_or(x)),
+        ],
+        None => vec![buffer(x), buffer(w)],
+    };
     via_f32(ctx, out_shape, out, out_dtype, |dst, dt| {
         ctx.dispatch(
             kernel,
-            &constants(kernel, format, x.dtype(), dt, m, lanes),
+            &constants(format, x.dtype(), dt, gemv),
             bytes,
-            &[buffer(x), buffer(w)],
+            &srcs,
             dst.raw(),
             [grid[0] as u32, grid[1] as u32, grid[2] as u32],
         )
     })
 }
 
+/// The GEMV kernel's specialization: rows of x, lanes per weight row,
+/// fusions and the residual's dtype.
+#[derive(Clone, Copy)]
+struct Gemv {
+    m: usize,
+    lanes: usize,
+    fusion: QFusion,
+    residual: DType,
+}
+
 fn constants(
-    kernel: &Kernel,
     format: QuantFormat,
     input: DType,
     out: DType,
-    m: usize,
-    lanes: usize,
+    gemv: Option<Gemv>,
 ) -> Vec<(&'static str, f64)> {
     let mut c = vec![
         ("FMT", format.gpu_code() as f64),
         ("IN_DT", input.gpu_code() as f64),
         ("OUT_DT", out.gpu_code() as f64),
     ];
-    if std::ptr::eq(kernel, &QGEMV) {
-        c.push(("M", m as f64));
-        c.push(("LANES", lanes as f64));
-        c.push(("R", gemv_rows(m) as f64));
+    if let Some(g) = gemv {
+        let rows = gemv_rows(g.m);
+        let flag = |on: bool| if on { 1.0 } else { 0.0 };
+        c.extend([
+            ("M", g.m as f64),
+            ("LANES", g.lanes as f64),
+            ("R", rows as f64),
+            ("OC", (if g.fusion.swiglu { rows / 2 } else { rows }) as f64),
+            ("NORM", flag(g.fusion.rms_norm.is_some())),
+            ("SWIGLU", flag(g.fusion.swiglu)),
+            ("RESIDUAL", flag(g.fusion.residual)),
+            ("RES_DT", g.residual.gpu_code() as f64),
+        ]);
     }
     c
 }
@@ -214,12 +277,38 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
                 vec![dt, DType::F32]
             };
             for o in outs {
-                out.push((&QMATMUL, constants(&QMATMUL, format, dt, o, 64, 0)));
+                let gemv = |m, lanes, fusion| {
+                    let g = Gemv {
+                        m,
+                        lanes,
+                        fusion,
+                        residual: dt,
+                    };
+                    (&QGEMV, constants(format, dt, o, Some(g)))
+                };
+                out.push((&QMATMUL, constants(format, dt, o, None)));
                 for m in 1..=GEMV_MAX_M {
-                    out.push((&QGEMV, constants(&QGEMV, format, dt, o, m, 32)));
+                    out.push(gemv(m, 32, QFusion::NONE));
                 }
                 for lanes in [64, 128] {
-                    out.push((&QGEMV, constants(&QGEMV, format, dt, o, 1, lanes)));
+                    out.push(gemv(1, lanes, QFusion::NONE));
+                }
+                // every fusion at decode (one row, four weight rows per
+                // lane set) and SwiGLU with two weight rows per lane set
+                let bits = match format {
+                    QuantFormat::Q4_0 | QuantFormat::Q4_K => 1..8u32,
+                    _ => 0..0,
+                };
+                for bits in bits {
+                    let fusion = QFusion {
+                        rms_norm: (bits & 1 != 0).then_some(1e-5),
+                        swiglu: bits & 2 != 0,
+                        residual: bits & 4 != 0,
+                    };
+                    out.push(gemv(1, 32, fusion));
+                    if fusion.swiglu {
+                        out.push(gemv(3, 32, fusion));
+                    }
                 }
             }
         }

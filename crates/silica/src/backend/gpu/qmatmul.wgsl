@@ -3,6 +3,11 @@
 // thread; each step of 32 along K stages 64 rows of x and 64 weight rows,
 // one group of 32 each, decoded, in workgroup memory (k-major).
 
+@group(0) @binding(0) var<uniform> p: QParams;
+@group(0) @binding(1) var<storage, read> src_x: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read> src_w: array<u32>;
+@group(0) @binding(3) var<storage, read_write> dst: array<u32>;
+
 var<workgroup> tile_x: array<f32, 2048>; // [32][64]
 var<workgroup> tile_w: array<f32, 2048>; // [32][64]
 

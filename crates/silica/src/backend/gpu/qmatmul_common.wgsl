@@ -10,15 +10,12 @@ struct QParams {
     // bytes per weight row
     row_bytes: u32,
     off_x: u32,
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
+    // the fusions of qgemv.wgsl: the RMSNorm's epsilon (f32 bits) and the
+    // offsets of its weight (a multiple of 8) and of the residual
+    eps: u32,
+    off_g: u32,
+    off_r: u32,
 }
-
-@group(0) @binding(0) var<uniform> p: QParams;
-@group(0) @binding(1) var<storage, read> src_x: array<vec4<u32>>;
-@group(0) @binding(2) var<storage, read> src_w: array<u32>;
-@group(0) @binding(3) var<storage, read_write> dst: array<u32>;
 
 override IN_DT: u32 = 0u;
 override OUT_DT: u32 = 0u;

@@ -1,5 +1,6 @@
 // rope.wgsl — rotary embeddings of x [.., T, H, D] with angle tables cos
-// and sin [T, D/2] (f32, contiguous from element cos_off / sin_off). Thread `u` owns output unit `u` (see
+// and sin [T, D/2] (f32, contiguous from element cos_off / sin_off); heads
+// from `rotated` on are copied as they are. Thread `u` owns output unit `u` (see
 // store.wgsl) and computes each of its elements from the element and its
 // partner: (2i, 2i+1) when ADJACENT, (i, i + D/2) otherwise. Rows of x
 // (its last dimension) may be strided views as in softmax.wgsl.
@@ -14,7 +15,8 @@ struct Params {
     stride: u32,
     cos_off: u32,
     sin_off: u32,
-    _pad0: u32,
+    // heads from this one on are copied unchanged
+    rotated: u32,
     _pad1: u32,
     _pad2: u32,
     shape: array<vec4<u32>, 2>,
@@ -40,6 +42,9 @@ fn value_at(e: u32) -> f32 {
     let half = p.d / 2u;
     let base = p.offset + strided_offset(row, p.rank, p.shape, p.strides);
     let pos = (row / p.heads) % p.positions;
+    if row % p.heads >= p.rotated {
+        return load(base + k * p.stride);
+    }
     var i: u32;
     var first: bool;
     var partner: u32;
