@@ -378,9 +378,22 @@ fn time(f: &Runner, dev: &Device, budget: f64) -> silica::Result<Timing> {
     })
 }
 
+/// Small-op figures: sustained adds per second (wall clock), the latency of
+/// one add followed by a read-back, and on a GPU with timestamps the GPU
+/// timeline per add of 1,000 chained adds and of 1,000 independent ones.
+struct SmallOps {
+    ops_per_s: f64,
+    latency: f64,
+    gpu_chained: Option<f64>,
+    gpu_independent: Option<f64>,
+}
+
 /// Small ops: a chain of 1,000 adds on 1,024 elements (sustained ops per
-/// second), and one add followed by a read-back (latency).
-fn small_ops(dev: &Device, dtype: DType) -> silica::Result<(f64, f64)> {
+/// second), and one add followed by a read-back (latency). The GPU
+/// timeline of a chain holds the kernels, the barriers between them and
+/// any wait for the host; with `SILICA_SUBMIT_EVERY=1024` the whole chain
+/// is recorded before it is submitted, so no host wait remains.
+fn small_ops(dev: &Device, dtype: DType) -> silica::Result<SmallOps> {
     let x = Tensor::randn(&[1024], dtype, 1, dev)?;
     let one = Tensor::ones(&[1024], dtype, dev)?;
     let chain = || -> silica::Result<Tensor> {
@@ -410,7 +423,23 @@ fn small_ops(dev: &Device, dtype: DType) -> silica::Result<(f64, f64)> {
         best = best.min(start.elapsed().as_secs_f64());
         std::hint::black_box(v);
     }
-    Ok((ops_per_s, best))
+    let (mut gpu_chained, mut gpu_independent) = (None, None);
+    if let Device::Gpu(g) = dev {
+        gpu_chained = g.gpu_time(|| chain().map(drop))?.1.map(|s| s / 1000.0);
+        let independent = || -> silica::Result<()> {
+            for _ in 0..1000 {
+                drop(x.add(&one)?);
+            }
+            Ok(())
+        };
+        gpu_independent = g.gpu_time(independent)?.1.map(|s| s / 1000.0);
+    }
+    Ok(SmallOps {
+        ops_per_s,
+        latency: best,
+        gpu_chained,
+        gpu_independent,
+    })
 }
 
 fn kind_json(kind: &Kind) -> String {
@@ -499,14 +528,30 @@ pub fn run(args: &BenchArgs) -> Result<(), CliError> {
         .as_ref()
         .is_none_or(|f| "small ops".contains(f.as_str()))
     {
-        let (ops, latency) = small_ops(&dev, dtype)?;
+        let SmallOps {
+            ops_per_s: ops,
+            latency,
+            gpu_chained,
+            gpu_independent,
+        } = small_ops(&dev, dtype)?;
+        let json_num = |v: Option<f64>| v.map_or("null".to_string(), |v| format!("{v:e}"));
         let line = if args.json {
             format!(
-                "{{\"name\": \"small ops\", \"kind\": {{\"op\": \"SmallOps\"}}, \"dtype\": \"{dtype}\", \"device\": \"{dev}\", \"ops_per_s\": {ops:.0}, \"latency_s\": {latency:e}}}\n"
+                "{{\"name\": \"small ops\", \"kind\": {{\"op\": \"SmallOps\"}}, \"dtype\": \"{dtype}\", \"device\": \"{dev}\", \"ops_per_s\": {ops:.0}, \"latency_s\": {latency:e}, \"gpu_chained_s\": {}, \"gpu_independent_s\": {}}}\n",
+                json_num(gpu_chained),
+                json_num(gpu_independent)
             )
         } else {
+            let gpu = match (gpu_chained, gpu_independent) {
+                (Some(c), Some(i)) => format!(
+                    "; GPU timeline per add {:.2}us chained, {:.2}us independent",
+                    c * 1e6,
+                    i * 1e6
+                ),
+                _ => String::new(),
+            };
             format!(
-                "\nsmall ops: {ops:.0} adds/s sustained (1,000 chained adds of 1,024 elements); one add + read-back {:.1}us\n",
+                "\nsmall ops: {ops:.0} adds/s sustained (1,000 chained adds of 1,024 elements); one add + read-back {:.1}us{gpu}\n",
                 latency * 1e6
             )
         };

@@ -21,7 +21,7 @@ const DISPATCH_BUDGET: u32 = 1024;
 /// the GPU starts on a long sequence of ops (a decoded token is 100-500
 /// dispatches) while the host still records the rest, large enough that
 /// the cost of a submission stays small beside the work it carries.
-const SUBMIT_EVERY: u32 = 64;
+const SUBMIT_EVERY: u32 = 16;
 
 /// A WGSL module: `common.wgsl` followed by the family's file.
 pub(crate) struct Kernel {
