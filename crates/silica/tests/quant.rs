@@ -6,7 +6,7 @@
 
 mod common;
 
-use silica::{DType, Device, Error, QTensor, QuantFormat, Tensor};
+use silica::{DType, Device, Error, QFuse, QTensor, QuantFormat, RopeStyle, Tensor};
 
 fn devices() -> Vec<Device> {
     let mut d = vec![Device::cpu()];
@@ -206,5 +206,111 @@ fn bad_input_is_an_error() {
             xz.matmul_q(&wg),
             Err(Error::DeviceMismatch { .. })
         ));
+    }
+}
+
+/// The fused product against its definition written with the dequantized
+/// weight and plain f32 ops (RMSNorm by hand, matmul, SwiGLU, add), on
+/// every device: one kernel on a GPU for one row of x, separate ops for 9.
+#[test]
+fn fused_products_match_their_definition() {
+    let (k, n) = (256, 24);
+    let cpu = Device::cpu();
+    for dev in devices() {
+        for format in [QuantFormat::Q4_0, QuantFormat::Q8_0, QuantFormat::Q4_K] {
+            for rows in [1, 9] {
+                let w = QTensor::random(format, &[2 * n, k], 5, &dev).unwrap();
+                let wd: Vec<f32> = w.dequantize(DType::F32).unwrap().to_vec().unwrap();
+                let x = Tensor::randn(&[rows, k], DType::F32, 6, &dev).unwrap();
+                let g = Tensor::randn(&[k], DType::F32, 7, &dev).unwrap();
+                let r = Tensor::randn(&[rows, n], DType::F32, 8, &dev).unwrap();
+                let fuse = QFuse {
+                    rms_norm: Some((&g, 1e-5)),
+                    swiglu: true,
+                    residual: Some(&r),
+                };
+                let got: Vec<f32> = x.matmul_q_fused(&w, fuse).unwrap().to_vec().unwrap();
+                let (xs, gs, rs): (Vec<f32>, Vec<f32>, Vec<f32>) = (
+                    x.to_vec().unwrap(),
+                    g.to_vec().unwrap(),
+                    r.to_vec().unwrap(),
+                );
+                let mut want = vec![0f32; rows * n];
+                for i in 0..rows {
+                    let row = &xs[i * k..(i + 1) * k];
+                    let ms = row.iter().map(|v| (v * v) as f64).sum::<f64>() / k as f64;
+                    let inv = 1.0 / (ms + 1e-5).sqrt();
+                    let h: Vec<f64> = row
+                        .iter()
+                        .zip(&gs)
+                        .map(|(&v, &s)| v as f64 * inv * s as f64)
+                        .collect();
+                    let dot = |j: usize| -> f64 {
+                        h.iter()
+                            .zip(&wd[j * k..(j + 1) * k])
+                            .map(|(a, &b)| a * b as f64)
+                            .sum()
+                    };
+                    for j in 0..n {
+                        let (gate, up) = (dot(j), dot(n + j));
+                        let silu = gate / (1.0 + (-gate).exp());
+                        want[i * n + j] = (silu * up + rs[i * n + j] as f64) as f32;
+                    }
+                }
+                let err = rel_err(&got, &want);
+                assert!(
+                    err < 1e-4,
+                    "{dev} {format} rows {rows}: relative error {err}"
+                );
+            }
+        }
+    }
+    // bad input: odd row count with swiglu, wrong norm weight, wrong residual
+    let w = QTensor::random(QuantFormat::Q8_0, &[5, 64], 1, &cpu).unwrap();
+    let x = Tensor::zeros(&[1, 64], DType::F32, &cpu).unwrap();
+    let swiglu = QFuse {
+        swiglu: true,
+        ..QFuse::default()
+    };
+    assert!(matches!(
+        x.matmul_q_fused(&w, swiglu),
+        Err(Error::InvalidArgument { .. })
+    ));
+    let g = Tensor::zeros(&[32], DType::F32, &cpu).unwrap();
+    let norm = QFuse {
+        rms_norm: Some((&g, 1e-5)),
+        ..QFuse::default()
+    };
+    assert!(matches!(
+        x.matmul_q_fused(&w, norm),
+        Err(Error::InvalidArgument { .. })
+    ));
+    let r = Tensor::zeros(&[1, 4], DType::F32, &cpu).unwrap();
+    let add = QFuse {
+        residual: Some(&r),
+        ..QFuse::default()
+    };
+    assert!(matches!(
+        x.matmul_q_fused(&w, add),
+        Err(Error::InvalidArgument { .. })
+    ));
+}
+
+/// `rope_heads` rotates the first heads as `rope` does and copies the rest.
+#[test]
+fn rope_heads_rotates_the_first_heads_only() {
+    for dev in devices() {
+        let (t, h, d) = (3, 5, 8);
+        let x = Tensor::randn(&[t, h, d], DType::F32, 9, &dev).unwrap();
+        let angles = Tensor::randn(&[t, d / 2], DType::F32, 10, &dev).unwrap();
+        let (cos, sin) = (angles.cos().unwrap(), angles.sin().unwrap());
+        let got = x.rope_heads(&cos, &sin, RopeStyle::Adjacent, 2).unwrap();
+        let full = x.rope(&cos, &sin, RopeStyle::Adjacent).unwrap();
+        let part = |t: &Tensor, from: usize, len: usize| -> Vec<f32> {
+            t.narrow(1, from, len).unwrap().to_vec().unwrap()
+        };
+        assert_eq!(part(&got, 0, 2), part(&full, 0, 2), "{dev}");
+        assert_eq!(part(&got, 2, 3), part(&x, 2, 3), "{dev}");
+        assert_ne!(part(&full, 2, 3), part(&x, 2, 3), "{dev}");
     }
 }
