@@ -46,6 +46,20 @@ pub fn check_prompt(tokens: usize, context: usize) -> Result<()> {
     Ok(())
 }
 
+/// The next token from `logits` `[1, vocab]` (f32, on the model's
+/// device): for plain greedy decoding the argmax on the device, so that 4
+/// bytes come back instead of the whole vocabulary's logits.
+fn pick(sampler: &mut Sampler, logits: &silica::Tensor, history: &[u32]) -> Result<u32> {
+    if sampler.is_argmax() {
+        let id: Vec<u32> = logits.argmax(-1, false)?.to_vec()?;
+        return id
+            .first()
+            .copied()
+            .ok_or_else(|| Error::InvalidInput("no logits to pick from".into()));
+    }
+    Ok(sampler.sample(&logits.to_vec::<f32>()?, history))
+}
+
 /// Generates up to `max_tokens` after `prompt` (token ids), calling
 /// `on_text` with each piece of decoded text. Stops at an end-of-sequence
 /// token, at one of `stop` strings (not printed), or when the context is full.
@@ -70,11 +84,11 @@ pub fn generate(
     let mut stream = TokenStream::new(tokenizer);
     let mut text = String::new();
     let t0 = Instant::now();
-    let mut logits = model.forward(prompt, &mut cache, true)?.to_vec::<f32>()?;
+    let logits = model.forward(prompt, &mut cache, true)?;
+    let mut next = pick(sampler, &logits, &history)?;
     stats.prefill_time = t0.elapsed();
     let t1 = Instant::now();
     while stats.generated_tokens < max_tokens {
-        let next = sampler.sample(&logits, &history);
         if tokenizer.is_eos(next) {
             stats.stop_reason = "eos";
             break;
@@ -102,7 +116,8 @@ pub fn generate(
             stats.stop_reason = "context full";
             break;
         }
-        logits = model.forward(&[next], &mut cache, true)?.to_vec::<f32>()?;
+        let logits = model.forward(&[next], &mut cache, true)?;
+        next = pick(sampler, &logits, &history)?;
     }
     if stats.stop_reason != "stop string"
         && let Some(rest) = stream.finish()?

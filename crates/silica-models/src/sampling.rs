@@ -46,6 +46,12 @@ impl Sampler {
         Self { params, rng }
     }
 
+    /// Greedy with no repetition penalty: the pick needs nothing but the
+    /// position of the largest logit (which a device can find itself).
+    pub fn is_argmax(&self) -> bool {
+        self.params.temperature <= 0.0 && self.params.repetition_penalty == 1.0
+    }
+
     /// Picks the next token from `logits` (one per vocabulary entry), given
     /// the tokens seen so far (for the repetition penalty).
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
