@@ -404,15 +404,15 @@ impl Tensor {
         };
         let refs: Vec<&Tensor> = inputs.iter().collect();
         let rows = self.numel() / k.max(1);
+        let op = Op::QMatmul {
+            format: w.format,
+            fusion,
+        };
         let fused_kernel = match self.device() {
-            Device::Gpu(g) => g.fuses_qmatmul(rows, fusion),
+            Device::Gpu(g) => g.fuses_qmatmul(&op, self.dtype(), rows),
             Device::Cpu => false,
         };
         if plain || fused_kernel {
-            let op = Op::QMatmul {
-                format: w.format,
-                fusion,
-            };
             run(op, &refs, out_shape, self.dtype())
         } else {
             qmatmul_composed(w.format, fusion, &refs)

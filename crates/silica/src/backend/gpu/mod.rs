@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 pub use crate::memory::GpuBuffer;
 use crate::memory::MemoryPool;
 use crate::storage::{CpuStorage, Storage};
-use crate::{DType, DeviceInfo, Error, Op, QFusion, Result, Tensor};
+use crate::{DType, DeviceInfo, Error, Op, Result, Tensor};
 pub use context::KernelTime;
 pub(crate) use context::{Context, Kernel};
 
@@ -240,17 +240,14 @@ impl GpuDevice {
         Ok(())
     }
 
-    /// Whether one kernel computes the fused quantized product `fusion` for
-    /// `rows` rows of x (the GEMV kernel's epilogues).
-    pub(crate) fn fuses_qmatmul(&self, rows: usize, fusion: QFusion) -> bool {
-        qmatmul::fuses(rows, fusion)
-            && self.supports(
-                &Op::QMatmul {
-                    format: crate::QuantFormat::Q8_0,
-                    fusion,
-                },
-                &[DType::F32],
-            )
+    /// Whether one kernel computes the quantized product `op` (an
+    /// `Op::QMatmul`, its fusions included) for `rows` rows of x of `dtype`.
+    pub(crate) fn fuses_qmatmul(&self, op: &Op, dtype: DType, rows: usize) -> bool {
+        let fits = match op {
+            Op::QMatmul { fusion, .. } => qmatmul::fuses(rows, *fusion),
+            _ => false,
+        };
+        fits && self.supports(op, &[dtype])
     }
 
     /// Whether a GPU kernel exists for `op` with inputs of these dtypes.

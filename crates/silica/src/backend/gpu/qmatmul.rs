@@ -125,6 +125,12 @@ pub(crate) fn fuses(m: usize, fusion: QFusion) -> bool {
     m <= GEMV_MAX_M && (!fusion.swiglu || gemv_rows(m) >= 2)
 }
 
+/// Output columns of one GEMV lane set dotting `rows` weight rows: all of
+/// them, or half with SwiGLU (gate and up rows of the same columns).
+fn output_columns(rows: usize, fusion: QFusion) -> usize {
+    if fusion.swiglu { rows / 2 } else { rows }
+}
+
 /// `x @ wᵀ` (inputs as for `Op::QMatmul`), with the fusions of the GEMV
 /// kernel; a fusion it cannot do is `NotSupported` (the op layer runs
 /// those as separate ops).
@@ -158,7 +164,7 @@ pub(crate) fn qmatmul(
     let max = ctx.max_groups() as usize;
     let (kernel, grid, gemv) = if m <= GEMV_MAX_M {
         let rows = gemv_rows(m);
-        let oc = if fusion.swiglu { rows / 2 } else { rows };
+        let oc = output_columns(rows, fusion);
         let lanes = gemv_lanes(n, k, oc);
         let groups = n.div_ceil(256 / lanes * oc);
         let gemv = Gemv {
@@ -249,7 +255,7 @@ fn constants(
             ("M", g.m as f64),
             ("LANES", g.lanes as f64),
             ("R", rows as f64),
-            ("OC", (if g.fusion.swiglu { rows / 2 } else { rows }) as f64),
+            ("OC", output_columns(rows, g.fusion) as f64),
             ("NORM", flag(g.fusion.rms_norm.is_some())),
             ("SWIGLU", flag(g.fusion.swiglu)),
             ("RESIDUAL", flag(g.fusion.residual)),
