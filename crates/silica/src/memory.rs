@@ -8,7 +8,7 @@
 //! system allocator hands out and takes back: they are counted (exact
 //! bytes, nothing cached) and held to the CPU device's limit.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::{Error, Result};
@@ -42,7 +42,15 @@ pub(crate) struct MemoryPool {
     device_name: String,
     max_binding: u64,
     state: Mutex<PoolState>,
+    /// Bind groups of whole buffers, by the buffers they bind (see
+    /// [`MemoryPool::bind_group`]). A bind group keeps its buffers alive, so
+    /// the cache is emptied whenever the pool lets buffers go.
+    bind_groups: Mutex<HashMap<Vec<wgpu::Buffer>, wgpu::BindGroup>>,
 }
+
+/// Bind groups kept at most; past it the cache starts again empty. A decoded
+/// token of a Llama model binds a few hundred distinct buffer lists.
+const BIND_GROUPS_KEPT: usize = 4096;
 
 /// Buffer usage of every tensor buffer.
 pub(crate) const TENSOR_USAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
@@ -89,7 +97,53 @@ impl MemoryPool {
             device_name,
             max_binding,
             state: Mutex::new(PoolState::default()),
+            bind_groups: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// A bind group of `buffers`, whole, at bindings 1.. of `layout` (binding
+    /// 0 is the parameter block's, which a kernel reading its parameters
+    /// from immediates does not have; every caller passes the layout that
+    /// belongs to the list's length). Kernels
+    /// that read their parameters from immediates bind nothing else, and a
+    /// model run again and again binds the same buffers, so the group is
+    /// made once and then found here.
+    pub(crate) fn bind_group(
+        &self,
+        layout: &wgpu::BindGroupLayout,
+        label: &str,
+        buffers: &[&wgpu::Buffer],
+    ) -> wgpu::BindGroup {
+        let key: Vec<wgpu::Buffer> = buffers.iter().map(|&b| b.clone()).collect();
+        let mut cache = self.bind_groups.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(g) = cache.get(&key) {
+            return g.clone();
+        }
+        let entries: Vec<wgpu::BindGroupEntry> = buffers
+            .iter()
+            .enumerate()
+            .map(|(i, b)| wgpu::BindGroupEntry {
+                binding: i as u32 + 1,
+                resource: b.as_entire_binding(),
+            })
+            .collect();
+        let group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(label),
+            layout,
+            entries: &entries,
+        });
+        if cache.len() >= BIND_GROUPS_KEPT {
+            cache.clear();
+        }
+        cache.insert(key, group.clone());
+        group
+    }
+
+    fn forget_bind_groups(&self) {
+        self.bind_groups
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
     }
 
     fn lock(&self) -> MutexGuard<'_, PoolState> {
@@ -111,10 +165,12 @@ impl MemoryPool {
     }
 
     pub fn empty_cache(&self) {
-        Self::drop_cached(&mut self.lock());
+        self.drop_cached(&mut self.lock());
     }
 
-    fn drop_cached(s: &mut PoolState) {
+    fn drop_cached(&self, s: &mut PoolState) {
+        // cached bind groups hold the buffers too
+        self.forget_bind_groups();
         for (class, bufs) in std::mem::take(&mut s.free) {
             s.stats.reserved -= class * bufs.len() as u64;
             s.stats.cached_buffers -= bufs.len() as u64;
@@ -163,7 +219,7 @@ impl MemoryPool {
                 if let Some(limit) = s.stats.limit
                     && s.stats.reserved + class > limit
                 {
-                    Self::drop_cached(&mut s);
+                    self.drop_cached(&mut s);
                     if s.stats.reserved + class > limit {
                         return Err(self.oom(bytes, &s));
                     }
@@ -172,7 +228,7 @@ impl MemoryPool {
                     Some(b) => b,
                     None => {
                         // the driver is out of memory: free the cache and try once more
-                        Self::drop_cached(&mut s);
+                        self.drop_cached(&mut s);
                         self.create(class).ok_or_else(|| self.oom(bytes, &s))?
                     }
                 };

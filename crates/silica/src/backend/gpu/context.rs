@@ -37,7 +37,32 @@ pub(crate) struct Kernel {
     pub trusted: bool,
 }
 
-type PipelineKey = (&'static str, Vec<(&'static str, u64)>);
+/// A kernel, its override constants (as bits) and whether its parameters
+/// are immediates.
+type PipelineKey = (&'static str, Vec<(&'static str, u64)>, bool);
+
+/// Immediate data asked of the device at most: the largest parameter block
+/// of any kernel. Where the adapter offers less (lavapipe: 128 bytes), the
+/// kernels whose parameters do not fit read them from a uniform buffer.
+const IMMEDIATE_BYTES: u32 = 256;
+
+/// How every kernel declares its parameters (binding 0 of its group).
+const UNIFORM_PARAMS: &str = "@group(0) @binding(0) var<uniform> p:";
+
+/// A kernel's WGSL as the device builds it: with `immediates`, the
+/// parameters are read from immediate data (push constants) instead of a
+/// uniform buffer, so that recording a dispatch writes them into the
+/// command stream and the bind group holds only the tensors' buffers.
+pub(crate) fn kernel_source(kernel: &Kernel, immediates: bool) -> std::borrow::Cow<'static, str> {
+    if immediates {
+        kernel
+            .source
+            .replacen(UNIFORM_PARAMS, "var<immediate> p:", 1)
+            .into()
+    } else {
+        kernel.source.into()
+    }
+}
 
 /// Bytes of one kernel's parameter slot in a slab (the largest uniform
 /// offset alignment wgpu allows); a slab holds a slot per dispatch of a batch.
@@ -109,9 +134,13 @@ pub(crate) struct Context {
     workgroup_memory: u32,
     /// Dispatches per submitted batch (see SUBMIT_EVERY).
     submit_every: u32,
-    modules: Mutex<HashMap<&'static str, wgpu::ShaderModule>>,
+    /// Bytes of immediate data the device has: kernels whose parameters fit
+    /// read them from there (see `kernel_source`); 0 where the adapter has
+    /// none or `SILICA_NO_IMMEDIATES=1`.
+    immediate_bytes: u32,
+    modules: Mutex<HashMap<(&'static str, bool), wgpu::ShaderModule>>,
     pipelines: Mutex<HashMap<PipelineKey, wgpu::ComputePipeline>>,
-    layouts: Mutex<HashMap<usize, (wgpu::BindGroupLayout, wgpu::PipelineLayout)>>,
+    layouts: Mutex<HashMap<(usize, bool), (wgpu::BindGroupLayout, wgpu::PipelineLayout)>>,
     pending: Mutex<Pending>,
     lost: Arc<Mutex<Option<String>>>,
     error: Arc<Mutex<Option<String>>>,
@@ -161,10 +190,22 @@ impl Context {
         if coop16 {
             wanted |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
         }
+        let mut limits = adapter.limits();
+        let immediate_bytes = if adapter.features().contains(wgpu::Features::IMMEDIATES)
+            && !std::env::var("SILICA_NO_IMMEDIATES").is_ok_and(|v| v == "1")
+        {
+            limits.max_immediate_size.min(IMMEDIATE_BYTES)
+        } else {
+            0
+        };
+        if immediate_bytes > 0 {
+            wanted |= wgpu::Features::IMMEDIATES;
+        }
+        limits.max_immediate_size = immediate_bytes;
         let desc = wgpu::DeviceDescriptor {
             label: Some("silica"),
             required_features: adapter.features() & wanted,
-            required_limits: adapter.limits(),
+            required_limits: limits,
             memory_hints: wgpu::MemoryHints::Performance,
             // SAFETY: the one experimental feature asked for is cooperative
             // matrices, used only by matmul_coop.wgsl, whose shader test
@@ -224,6 +265,7 @@ impl Context {
                 .and_then(|v| v.parse::<u32>().ok())
                 .unwrap_or(SUBMIT_EVERY)
                 .clamp(1, DISPATCH_BUDGET),
+            immediate_bytes,
             modules: Mutex::new(HashMap::new()),
             pipelines: Mutex::new(HashMap::new()),
             layouts: Mutex::new(HashMap::new()),
@@ -610,10 +652,16 @@ impl Context {
         self.max_groups
     }
 
-    fn layout(&self, inputs: usize) -> (wgpu::BindGroupLayout, wgpu::PipelineLayout) {
+    /// The layouts of a kernel with `inputs` inputs, its parameters in
+    /// immediates or at binding 0.
+    fn layout(
+        &self,
+        inputs: usize,
+        immediates: bool,
+    ) -> (wgpu::BindGroupLayout, wgpu::PipelineLayout) {
         let mut layouts = lock(&self.layouts);
         layouts
-            .entry(inputs)
+            .entry((inputs, immediates))
             .or_insert_with(|| {
                 let storage = |binding: u32, read_only: bool| wgpu::BindGroupLayoutEntry {
                     binding,
@@ -625,16 +673,19 @@ impl Context {
                     },
                     count: None,
                 };
-                let mut entries = vec![wgpu::BindGroupLayoutEntry {
-                    binding: 0,
-                    visibility: wgpu::ShaderStages::COMPUTE,
-                    ty: wgpu::BindingType::Buffer {
-                        ty: wgpu::BufferBindingType::Uniform,
-                        has_dynamic_offset: false,
-                        min_binding_size: None,
-                    },
-                    count: None,
-                }];
+                let mut entries = Vec::new();
+                if !immediates {
+                    entries.push(wgpu::BindGroupLayoutEntry {
+                        binding: 0,
+                        visibility: wgpu::ShaderStages::COMPUTE,
+                        ty: wgpu::BindingType::Buffer {
+                            ty: wgpu::BufferBindingType::Uniform,
+                            has_dynamic_offset: false,
+                            min_binding_size: None,
+                        },
+                        count: None,
+                    });
+                }
                 entries.extend((1..=inputs as u32).map(|b| storage(b, true)));
                 entries.push(storage(inputs as u32 + 1, false));
                 let bgl = self
@@ -648,7 +699,7 @@ impl Context {
                     .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
                         label: Some("silica kernel layout"),
                         bind_group_layouts: &[Some(&bgl)],
-                        immediate_size: 0,
+                        immediate_size: if immediates { self.immediate_bytes } else { 0 },
                     });
                 (bgl, pl)
             })
@@ -659,21 +710,23 @@ impl Context {
         &self,
         kernel: &Kernel,
         constants: &[(&'static str, f64)],
+        immediates: bool,
     ) -> Result<wgpu::ComputePipeline> {
         let key: PipelineKey = (
             kernel.name,
             constants.iter().map(|&(k, v)| (k, v.to_bits())).collect(),
+            immediates,
         );
         if let Some(p) = lock(&self.pipelines).get(&key) {
             return Ok(p.clone());
         }
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let module = lock(&self.modules)
-            .entry(kernel.name)
+            .entry((kernel.name, immediates))
             .or_insert_with(|| {
                 let desc = wgpu::ShaderModuleDescriptor {
                     label: Some(kernel.name),
-                    source: wgpu::ShaderSource::Wgsl(kernel.source.into()),
+                    source: wgpu::ShaderSource::Wgsl(kernel_source(kernel, immediates)),
                 };
                 if kernel.trusted {
                     // SAFETY: `trusted` kernels guard every access themselves
@@ -690,7 +743,7 @@ impl Context {
                 }
             })
             .clone();
-        let (_, layout) = self.layout(kernel.inputs);
+        let (_, layout) = self.layout(kernel.inputs, immediates);
         let pipeline = self
             .device
             .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
@@ -738,6 +791,7 @@ impl Context {
         name: &'static str,
         pipeline: &wgpu::ComputePipeline,
         bind_group: &wgpu::BindGroup,
+        immediates: Option<&[u8]>,
         groups: [u32; 3],
     ) {
         // a batch holds fewer than DISPATCH_BUDGET dispatches, so its
@@ -749,9 +803,7 @@ impl Context {
         if self.timing == Timing::InsidePass && !self.per_pass.load(Ordering::Relaxed) {
             let pass = self.shared_pass(p);
             pass.write_timestamp(set, start);
-            pass.set_pipeline(pipeline);
-            pass.set_bind_group(0, bind_group, &[]);
-            pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+            encode(pass, pipeline, bind_group, immediates, groups);
             pass.write_timestamp(set, start + 1);
         } else {
             p.pass = None;
@@ -769,14 +821,12 @@ impl Context {
                     end_of_pass_write_index: Some(start + 1),
                 }),
             });
-            pass.set_pipeline(pipeline);
-            pass.set_bind_group(0, bind_group, &[]);
-            pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+            encode(&mut pass, pipeline, bind_group, immediates, groups);
         }
     }
 
-    /// Records one kernel launch: `params` at binding 0, `inputs` at
-    /// bindings 1.., `output` after them.
+    /// Records one kernel launch: `params` (as immediates, or in a uniform
+    /// buffer at binding 0), `inputs` at bindings 1.., `output` after them.
     pub fn dispatch(
         &self,
         kernel: &Kernel,
@@ -788,13 +838,55 @@ impl Context {
     ) -> Result<()> {
         debug_assert_eq!(inputs.len(), kernel.inputs);
         self.check_alive()?;
-        let pipeline = self.pipeline(kernel, constants)?;
-        let (bgl, _) = self.layout(kernel.inputs);
+        let immediates = params.len() as u32 <= self.immediate_bytes;
+        let pipeline = self.pipeline(kernel, constants, immediates)?;
+        let (bgl, _) = self.layout(kernel.inputs, immediates);
         let mut guard = lock(&self.pending);
         let p = &mut *guard;
+        debug_assert!(params.len() <= 256 && params.len().is_multiple_of(4));
+        let (bind_group, immediates) = if immediates {
+            // bindings 1..: the tensors; the parameters travel as immediates
+            let mut buffers: Vec<&wgpu::Buffer> = Vec::with_capacity(inputs.len() + 1);
+            buffers.extend_from_slice(inputs);
+            buffers.push(output);
+            let group = self.pool.bind_group(&bgl, kernel.name, &buffers);
+            (group, Some(params))
+        } else {
+            (
+                self.uniform_bind_group(p, kernel, &bgl, params, inputs, output)?,
+                None,
+            )
+        };
+        // profiling mode: the one cost when off is this load
+        if self.profiling.load(Ordering::Relaxed) {
+            self.record_timed(p, kernel.name, &pipeline, &bind_group, immediates, groups);
+        } else {
+            let pass = self.shared_pass(p);
+            encode(pass, &pipeline, &bind_group, immediates, groups);
+        }
+        p.dispatches += 1;
+        let submit = p.dispatches >= self.submit_every;
+        drop(guard);
+        if submit {
+            self.flush();
+        }
+        Ok(())
+    }
+
+    /// The bind group of a dispatch whose parameters go in a uniform
+    /// buffer: a slot of this batch's parameter slab at binding 0, the
+    /// tensors after it.
+    fn uniform_bind_group(
+        &self,
+        p: &mut Pending,
+        kernel: &Kernel,
+        bgl: &wgpu::BindGroupLayout,
+        params: &[u8],
+        inputs: &[&wgpu::Buffer],
+        output: &wgpu::Buffer,
+    ) -> Result<wgpu::BindGroup> {
         // a parameter slot: params are at most 256 bytes, the largest
         // uniform offset alignment wgpu allows
-        debug_assert!(params.len() <= 256 && params.len().is_multiple_of(4));
         let slab_bytes = SLOT_BYTES * self.submit_every as u64;
         if p.slab.is_none() || p.slot + SLOT_BYTES > slab_bytes {
             if let Some(full) = p.slab.take() {
@@ -834,26 +926,26 @@ impl Context {
             binding: inputs.len() as u32 + 1,
             resource: output.as_entire_binding(),
         });
-        let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+        Ok(self.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some(kernel.name),
-            layout: &bgl,
+            layout: bgl,
             entries: &entries,
-        });
-        // profiling mode: the one cost when off is this load
-        if self.profiling.load(Ordering::Relaxed) {
-            self.record_timed(p, kernel.name, &pipeline, &bind_group, groups);
-        } else {
-            let pass = self.shared_pass(p);
-            pass.set_pipeline(&pipeline);
-            pass.set_bind_group(0, &bind_group, &[]);
-            pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
-        }
-        p.dispatches += 1;
-        let submit = p.dispatches >= self.submit_every;
-        drop(guard);
-        if submit {
-            self.flush();
-        }
-        Ok(())
+        }))
     }
+}
+
+/// Records one dispatch into a compute pass.
+fn encode(
+    pass: &mut wgpu::ComputePass<'_>,
+    pipeline: &wgpu::ComputePipeline,
+    bind_group: &wgpu::BindGroup,
+    immediates: Option<&[u8]>,
+    groups: [u32; 3],
+) {
+    pass.set_pipeline(pipeline);
+    pass.set_bind_group(0, bind_group, &[]);
+    if let Some(data) = immediates {
+        pass.set_immediates(0, data);
+    }
+    pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
 }

@@ -119,10 +119,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
                 gl = g4(gi * 32u + ko.x);
                 gh = g4(gi * 32u + ko.y);
             }
+            // the sums of those values, for part_biased's form
+            var xsum: array<f32, 8>;
             for (var r = 0u; r < M; r++) {
                 let xr = p.off_x + r * p.k + gi * 32u;
                 xs[2u * r] = x4(xr + ko.x) * gl;
                 xs[2u * r + 1u] = x4(xr + ko.y) * gh;
+                xsum[r] = dot(xs[2u * r] + xs[2u * r + 1u], vec4<f32>(1.0));
             }
             for (var c = 0u; c < R; c++) {
                 // the weight row of accumulator c: with SWIGLU the first
@@ -132,9 +135,27 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
                     row += p.n;
                 }
                 let at = group_at(row, gi);
-                let v = part_values(at.x, at.y, q, group_scale(at.x, at.y));
-                for (var r = 0u; r < M; r++) {
-                    acc[c * M + r] += dot(v[0], xs[2u * r]) + dot(v[1], xs[2u * r + 1u]);
+                if has_biased() {
+                    // value = d u + m, and the dot of u with x is
+                    // 2^B (S - X): d 2^B S + (m - d 2^B) X, one FMA a weight
+                    let f = part_biased(at.x, q);
+                    let s = group_scale(at.x, at.y);
+                    var d = s.x;
+                    var m = s.y;
+                    if FMT == 0u {
+                        m = -128.0 * d;
+                    }
+                    d *= f32(1u << biased_bits());
+                    m -= d;
+                    for (var r = 0u; r < M; r++) {
+                        let dot_f = dot(f[0], xs[2u * r]) + dot(f[1], xs[2u * r + 1u]);
+                        acc[c * M + r] += d * dot_f + m * xsum[r];
+                    }
+                } else {
+                    let v = part_values(at.x, at.y, q, group_scale(at.x, at.y));
+                    for (var r = 0u; r < M; r++) {
+                        acc[c * M + r] += dot(v[0], xs[2u * r]) + dot(v[1], xs[2u * r + 1u]);
+                    }
                 }
             }
         }

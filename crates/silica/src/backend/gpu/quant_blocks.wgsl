@@ -67,7 +67,13 @@ fn half_bits(b: u32) -> u32 {
 }
 
 fn f16_at(b: u32) -> f32 {
-    return f16_to_f32(half_bits(b));
+    let h = half_bits(b);
+    // the hardware conversion for normal values (much cheaper than the
+    // integer routine); zero and subnormals, which some GPUs flush, exactly
+    if (h & 0x7c00u) == 0u {
+        return f16_to_f32(h);
+    }
+    return unpack2x16float(h).x;
 }
 
 fn byte_at(b: u32) -> u32 {
@@ -222,4 +228,49 @@ fn part_values(base: u32, g: u32, q: u32, s: vec4<f32>) -> array<vec4<f32>, 2> {
 fn group_at(row: u32, gi: u32) -> vec2<u32> {
     let per = block_groups();
     return vec2<u32>(row * p.row_bytes + (gi / per) * block_bytes(), gi % per);
+}
+
+// Formats whose parts `part_biased` decodes (Q8_0, Q4_0, Q4_1).
+fn has_biased() -> bool {
+    return FMT <= 2u;
+}
+
+// Bits per quant in `part_biased`'s form.
+fn biased_bits() -> u32 {
+    if FMT == 0u {
+        return 8u;
+    }
+    return 4u;
+}
+
+// The quants of part q of the block at byte `base` as 1 + u / 2^B, with u
+// the unsigned quant (Q8_0's q + 128) and B = biased_bits(): the quant is
+// placed in the top mantissa bits of 1.0, a shift and a mask per value
+// instead of an integer-to-float conversion, which GPUs issue at a fraction
+// of the rate of arithmetic. The dot of u with x is then 2^B (S - X) for
+// S the dot of these values with x and X the sum of x (see qgemv.wgsl).
+fn part_biased(base: u32, q: u32) -> array<vec4<f32>, 2> {
+    let one = vec4<u32>(0x3f800000u);
+    if FMT == 0u {
+        // bytes 8q..8q+7, signed; u = q + 128 is the byte with its top bit flipped
+        let a = wrd(base + 2u + 8u * q) ^ 0x80808080u;
+        let b = wrd(base + 6u + 8u * q) ^ 0x80808080u;
+        let m = vec4<u32>(0x007f8000u);
+        return array<vec4<f32>, 2>(
+            bitcast<vec4<f32>>((vec4<u32>(a << 15u, a << 7u, a >> 1u, a >> 9u) & m) | one),
+            bitcast<vec4<f32>>((vec4<u32>(b << 15u, b << 7u, b >> 1u, b >> 9u) & m) | one),
+        );
+    }
+    // Q4_0 / Q4_1: value 4q + i in the low nibble of byte i, 16 + 4q + i in its high nibble
+    var w: u32;
+    if FMT == 1u {
+        w = wrd(base + 2u + 4u * q);
+    } else {
+        w = wrd(base + 4u + 4u * q);
+    }
+    let m = vec4<u32>(0x00780000u);
+    return array<vec4<f32>, 2>(
+        bitcast<vec4<f32>>((vec4<u32>(w << 19u, w << 11u, w << 3u, w >> 5u) & m) | one),
+        bitcast<vec4<f32>>((vec4<u32>(w << 15u, w << 7u, w >> 1u, w >> 9u) & m) | one),
+    );
 }

@@ -2,6 +2,7 @@
 //! must parse, validate and translate with naga to MSL (the Metal path,
 //! which cannot be run here) and to SPIR-V (the Vulkan path).
 
+use super::context::kernel_source;
 use super::{Kernel, copy, elementwise, matmul, nn, qmatmul, reduce};
 
 fn all() -> Vec<(&'static Kernel, Vec<(&'static str, f64)>)> {
@@ -22,45 +23,61 @@ fn every_kernel_translates_to_msl_and_spirv() {
     let mut parsed = std::collections::HashMap::new();
     let mut count = 0;
     for (kernel, constants) in all() {
-        let (module, info) = parsed.entry(kernel.name).or_insert_with(|| {
-            let module = naga::front::wgsl::parse_str(kernel.source)
-                .unwrap_or_else(|e| panic!("{}: {}", kernel.name, e.emit_to_string(kernel.source)));
-            let info = Validator::new(ValidationFlags::all(), Capabilities::all())
-                .validate(&module)
-                .unwrap_or_else(|e| panic!("{}: {}", kernel.name, e.emit_to_string(kernel.source)));
-            (module, info)
-        });
-        let mut pc = PipelineConstants::default();
-        for (k, v) in &constants {
-            pc.insert(k.to_string(), *v);
+        // each module once more with its parameters in immediate data
+        // (the form used where the adapter has room for them), translated
+        // with the constants of its first specialization
+        let variants: &[bool] = if parsed.contains_key(&(kernel.name, false)) {
+            &[false]
+        } else {
+            &[false, true]
+        };
+        for &immediates in variants {
+            let (module, info) = parsed.entry((kernel.name, immediates)).or_insert_with(|| {
+                let source = kernel_source(kernel, immediates);
+                assert!(
+                    !immediates || source.contains("var<immediate> p:"),
+                    "{}: no parameter block to move to immediates",
+                    kernel.name
+                );
+                let module = naga::front::wgsl::parse_str(&source)
+                    .unwrap_or_else(|e| panic!("{}: {}", kernel.name, e.emit_to_string(&source)));
+                let info = Validator::new(ValidationFlags::all(), Capabilities::all())
+                    .validate(&module)
+                    .unwrap_or_else(|e| panic!("{}: {}", kernel.name, e.emit_to_string(&source)));
+                (module, info)
+            });
+            let mut pc = PipelineConstants::default();
+            for (k, v) in &constants {
+                pc.insert(k.to_string(), *v);
+            }
+            let what = format!("{} {constants:?} immediates: {immediates}", kernel.name);
+            let (m, i) = naga::back::pipeline_constants::process_overrides(
+                module,
+                info,
+                Some((naga::ShaderStage::Compute, "main")),
+                &pc,
+            )
+            .unwrap_or_else(|e| panic!("{what}: overrides: {e}"));
+            let msl_options = msl::Options {
+                lang_version: (2, 4),
+                ..Default::default()
+            };
+            let msl_pipeline = msl::PipelineOptions {
+                entry_point: Some((naga::ShaderStage::Compute, "main".into())),
+                ..Default::default()
+            };
+            let (msl_src, _) = msl::write_string(&m, &i, &msl_options, &msl_pipeline)
+                .unwrap_or_else(|e| panic!("{what}: MSL: {e}"));
+            assert!(msl_src.contains("kernel void"), "{what}: no MSL kernel");
+            let spv_pipeline = spv::PipelineOptions {
+                shader_stage: naga::ShaderStage::Compute,
+                entry_point: "main".into(),
+            };
+            let words = spv::write_vec(&m, &i, &spv::Options::default(), Some(&spv_pipeline))
+                .unwrap_or_else(|e| panic!("{what}: SPIR-V: {e}"));
+            assert_eq!(words[0], 0x0723_0203, "{what}: not SPIR-V");
+            count += 1;
         }
-        let what = format!("{} {constants:?}", kernel.name);
-        let (m, i) = naga::back::pipeline_constants::process_overrides(
-            module,
-            info,
-            Some((naga::ShaderStage::Compute, "main")),
-            &pc,
-        )
-        .unwrap_or_else(|e| panic!("{what}: overrides: {e}"));
-        let msl_options = msl::Options {
-            lang_version: (2, 4),
-            ..Default::default()
-        };
-        let msl_pipeline = msl::PipelineOptions {
-            entry_point: Some((naga::ShaderStage::Compute, "main".into())),
-            ..Default::default()
-        };
-        let (msl_src, _) = msl::write_string(&m, &i, &msl_options, &msl_pipeline)
-            .unwrap_or_else(|e| panic!("{what}: MSL: {e}"));
-        assert!(msl_src.contains("kernel void"), "{what}: no MSL kernel");
-        let spv_pipeline = spv::PipelineOptions {
-            shader_stage: naga::ShaderStage::Compute,
-            entry_point: "main".into(),
-        };
-        let words = spv::write_vec(&m, &i, &spv::Options::default(), Some(&spv_pipeline))
-            .unwrap_or_else(|e| panic!("{what}: SPIR-V: {e}"));
-        assert_eq!(words[0], 0x0723_0203, "{what}: not SPIR-V");
-        count += 1;
     }
     println!("{count} kernel specializations translated to MSL and SPIR-V");
     assert!(count > 500);
