@@ -6,6 +6,7 @@ mod elementwise;
 mod index;
 mod matmul;
 mod nn;
+mod qdot;
 mod qmatmul;
 mod reduce;
 

@@ -12,6 +12,7 @@ use rayon::prelude::*;
 
 use super::host;
 use super::matmul::{Operand, gemm_f32};
+use super::qdot;
 use crate::quant::QuantFormat;
 use crate::storage::CpuStorage;
 use crate::{DType, Error, Result, Tensor};
@@ -23,6 +24,8 @@ const DOT_MAX_M: usize = 8;
 const PANEL: usize = 64;
 /// Weight rows per task of the block-dot path (at least).
 const DOT_TASK: usize = 16;
+/// Multiply-adds per task of the integer path (at least).
+const INT8_TASK_MIN: usize = 1 << 18;
 
 pub fn qmatmul(
     format: QuantFormat,
@@ -40,7 +43,20 @@ pub fn qmatmul(
     // results transposed, [n, m]: each task owns a run of weight rows
     let mut out_t = vec![0f32; n * m];
     if m > 0 && n > 0 {
-        if m <= DOT_MAX_M {
+        if qdot::supports(format)
+            && let Some(path) = qdot::Path::detect()
+        {
+            let xq = qdot::QuantizedRows::new(&xs, m, k);
+            let rows = int8_task_rows(n, m, k);
+            out_t
+                .par_chunks_mut(rows * m)
+                .enumerate()
+                .for_each(|(t, dst)| {
+                    let j0 = t * rows;
+                    let w = &wb[j0 * row_bytes..(j0 + dst.len() / m) * row_bytes];
+                    qdot::dot_rows(path, format, w, row_bytes, &xq, m, dst);
+                });
+        } else if m <= DOT_MAX_M {
             // sums of each run of 16 values of x (the groups' offsets multiply them)
             let sums: Vec<f32> = xs.chunks_exact(16).map(|c| c.iter().sum()).collect();
             out_t
@@ -91,6 +107,20 @@ pub fn qmatmul(
         }
     }
     CpuStorage::from_f32(result, out)
+}
+
+/// Weight rows per task of the integer path: about 4 tasks per thread,
+/// but none below `INT8_TASK_MIN` multiply-adds, where handing work to
+/// another thread costs more than it saves.
+fn int8_task_rows(n: usize, m: usize, k: usize) -> usize {
+    let min = std::env::var("SILICA_INT8_MIN")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(INT8_TASK_MIN);
+    let threads = rayon::current_num_threads().max(1);
+    let by_threads = n.div_ceil(4 * threads);
+    let by_work = min.div_ceil((m * k).max(1));
+    by_threads.max(by_work).clamp(1, n.max(1))
 }
 
 /// Rows `ids` of the quantized matrix `w` (rows of `k` values), decoded.
