@@ -104,7 +104,7 @@ pub(crate) struct QuantizedRows {
 
 impl QuantizedRows {
     /// Quantizes `rows` rows of `k` values (`k` a multiple of 32).
-    pub(crate) fn new(xs: &[f32], rows: usize, k: usize) -> QuantizedRows {
+    pub(crate) fn new(path: Path, xs: &[f32], rows: usize, k: usize) -> QuantizedRows {
         let nb = k / QB;
         let q_stride = nb.div_ceil(GB) * GB * QB;
         let s_stride = nb.next_multiple_of(SB);
@@ -117,7 +117,14 @@ impl QuantizedRows {
             s: vec![0.0; rows * s_stride],
         };
         let quantize = |((x, q), (d, s)): ((&[f32], &mut [i8]), (&mut [f32], &mut [f32]))| {
-            quantize_row(x, q, d, s);
+            match path {
+                Path::Scalar => quantize_row(x, q, d, s),
+                // SAFETY: as for the kernels of `path`
+                #[cfg(target_arch = "x86_64")]
+                Path::Avx2 => unsafe { x86::quantize_row_avx2(x, q, d, s) },
+                #[cfg(target_arch = "x86_64")]
+                Path::Avx512Vnni => unsafe { x86::quantize_row_avx512(x, q, d, s) },
+            }
         };
         let parts = xs
             .chunks_exact(k.max(1))
@@ -156,7 +163,9 @@ fn q_index(b: usize, i: usize) -> usize {
 }
 
 /// One row: `d = amax / 127`, `q = round(x / d)` per block (as ggml's Q8
-/// formats), stored interleaved.
+/// formats), stored interleaved. Inlined into versions compiled for each
+/// path, where the rounding becomes one instruction instead of a call.
+#[inline(always)]
 fn quantize_row(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32]) {
     for (b, xb) in x.chunks_exact(QB).enumerate() {
         let xb: &[f32; QB] = xb.try_into().unwrap_or(&[0.0; QB]);
@@ -224,19 +233,24 @@ fn block_u8<const F: u8>(blk: &[u8]) -> ([u8; QB], f32, f32) {
     (u, d, m)
 }
 
-/// `out[j * m + r] = w_j · x_r` for rows `j` of `w` (whole rows of
-/// `row_bytes` each, as many as `out.len() / m`) and every row `r` of `x`.
+/// `out[i * m + r] = w_{j0 + i} · x_r` for `out.len() / m` rows of `w`
+/// (rows of `row_bytes` each) from row `j0` on, and every row `r` of `x`.
+/// The kernels are given the rest of `w` after each row: where it holds
+/// more bytes, they read past the row without masking (and ignore them).
+#[allow(clippy::too_many_arguments)] // the kernels' inputs, as they are
 pub(crate) fn dot_rows(
     path: Path,
     format: QuantFormat,
     w: &[u8],
+    j0: usize,
     row_bytes: usize,
     x: &QuantizedRows,
     m: usize,
     out: &mut [f32],
 ) {
     let f = code(format);
-    for (row, dst) in w.chunks_exact(row_bytes).zip(out.chunks_exact_mut(m)) {
+    for (i, dst) in out.chunks_exact_mut(m).enumerate() {
+        let row = &w[(j0 + i) * row_bytes..];
         let mut r = 0;
         while r < m {
             let tile = (m - r).min(4);
@@ -305,7 +319,7 @@ mod x86 {
     //! the end of the row and is copied to a zeroed buffer first, so that no
     //! load reads past the row.
 
-    use super::{GB, QB, QuantizedRows, SB, f16_le, layout_of};
+    use super::{GB, QB, QuantizedRows, f16_le, layout_of};
     use std::arch::x86_64::*;
 
     /// The blocks `b0..` of `row`, whole if `nb - b0 >= n`, otherwise the
@@ -346,10 +360,29 @@ mod x86 {
         (d, m)
     }
 
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn quantize_row_avx2(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32]) {
+        super::quantize_row(x, q, d, s)
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
+    pub(super) unsafe fn quantize_row_avx512(
+        x: &[f32],
+        q: &mut [i8],
+        d: &mut [f32],
+        s: &mut [f32],
+    ) {
+        super::quantize_row(x, q, d, s)
+    }
+
     /// AVX-512: per group of 4 blocks, the low nibbles (or first 16 bytes)
     /// of the 4 blocks in one vector and the high ones in another, each
     /// against the matching half of the interleaved x; `vpdpbusd` leaves 4
-    /// lanes per block, which are scaled by the block's `dw * dx`.
+    /// lanes per block, which are scaled by the block's `dw * dx`. Blocks
+    /// past the end of the row are read as zeros through masked loads,
+    /// which do not touch the memory of masked bytes. (The scales are
+    /// loaded with the blocks, not gathered: a gather waits for every cache
+    /// line it touches before anything else can use it.)
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
     pub(super) unsafe fn dot_avx512<const F: u8, const R: usize>(
         row: &[u8],
@@ -358,101 +391,98 @@ mod x86 {
     ) -> [f32; R] {
         let (bb, at, bias) = layout_of(F);
         let nb = x.nb;
-        let row = &row[..nb * bb];
         let mut acc = [_mm512_setzero_ps(); R];
-        let mut off = [_mm512_setzero_ps(); R];
+        let mut off = [_mm_setzero_ps(); R];
         let low4 = _mm512_set1_epi8(15);
         let flip = _mm512_set1_epi8(-128);
-        // lane l gathers the block at byte l * bb of the run
-        let lanes = _mm512_mullo_epi32(
-            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-            _mm512_set1_epi32(bb as i32),
-        );
-        let mut buf = [0u8; GB * 34];
-        for run in 0..nb.div_ceil(SB) {
-            let b0 = run * SB;
-            let live = (nb - b0).min(SB);
-            let mask: __mmask16 = if live == SB { !0 } else { (1u16 << live) - 1 };
-            // SAFETY: the unmasked lanes read 4 bytes at the start of a
-            // block of the row, which is at least 18 bytes long
-            let raw = unsafe {
-                _mm512_mask_i32gather_epi32::<1>(
-                    _mm512_setzero_si512(),
-                    mask,
-                    lanes,
-                    row[b0 * bb..].as_ptr().cast(),
+        // lane l takes the scale of block l / 4
+        let spread = _mm512_srli_epi32::<2>(_mm512_setr_epi32(
+            0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15,
+        ));
+        for b in (0..nb).step_by(GB) {
+            // the last group of a row may reach past it: its loads are
+            // plain where the bytes are there (part of the next row), masked
+            // (slower) at the end of `w`
+            let live = (nb - b).min(GB);
+            let plain = b * bb + (GB - 1) * bb + at + 32 <= row.len();
+            let keep = |t: usize| if t < live { 0xffff } else { 0 };
+            let p = row[b * bb..].as_ptr();
+            // SAFETY: plain loads read inside `row`, masked ones inside its
+            // blocks
+            let load = |o: usize, t: usize| unsafe {
+                let at = p.wrapping_add(o + t * bb);
+                if plain {
+                    _mm_loadu_si128(at.cast())
+                } else {
+                    _mm_maskz_loadu_epi8(keep(t), at.cast())
+                }
+            };
+            let part = |o: usize| {
+                let v = _mm512_castsi128_si512(load(o, 0));
+                let v = _mm512_inserti32x4::<1>(v, load(o, 1));
+                let v = _mm512_inserti32x4::<2>(v, load(o, 2));
+                _mm512_inserti32x4::<3>(v, load(o, 3))
+            };
+            // the first 4 bytes of the 4 blocks: d, and m for Q4_1
+            let heads = _mm_unpacklo_epi64(
+                _mm_unpacklo_epi32(load(0, 0), load(0, 1)),
+                _mm_unpacklo_epi32(load(0, 2), load(0, 3)),
+            );
+            // the scales of blocks past the row are zero (what was read
+            // there may be NaN); their quants meet zeros of x
+            let heads = _mm_maskz_mov_epi32(((1u16 << live) - 1) as u8, heads);
+            let dw = _mm_cvtph_ps(_mm_cvtepi32_epi16(heads));
+            let mw = if F == 2 {
+                _mm_cvtph_ps(_mm_cvtepi32_epi16(_mm_srli_epi32::<16>(heads)))
+            } else {
+                _mm_mul_ps(dw, _mm_set1_ps(-bias))
+            };
+            let (lo, hi) = if F == 0 {
+                (
+                    _mm512_xor_si512(part(at), flip),
+                    _mm512_xor_si512(part(at + 16), flip),
+                )
+            } else {
+                let v = part(at);
+                (
+                    _mm512_and_si512(v, low4),
+                    _mm512_and_si512(_mm512_srli_epi16::<4>(v), low4),
                 )
             };
-            let dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(raw));
-            let mw = if F == 2 {
-                _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(raw)))
-            } else {
-                _mm512_mul_ps(dw, _mm512_set1_ps(-bias))
-            };
-            let mut sc = [_mm512_setzero_ps(); R];
             for i in 0..R {
-                // SAFETY: the scale rows hold whole runs of SB blocks
-                let (dx, sx) = unsafe {
+                let q = x.q_row(r0 + i)[b * QB..].as_ptr();
+                // SAFETY: the quant rows hold whole groups of 4 blocks, the
+                // scale rows whole runs of 16
+                let (xl, xh, dx, sx) = unsafe {
                     (
-                        _mm512_loadu_ps(x.d_row(r0 + i)[b0..].as_ptr()),
-                        _mm512_loadu_ps(x.s_row(r0 + i)[b0..].as_ptr()),
+                        _mm512_loadu_si512(q.cast()),
+                        _mm512_loadu_si512(q.add(64).cast()),
+                        _mm_loadu_ps(x.d_row(r0 + i)[b..].as_ptr()),
+                        _mm_loadu_ps(x.s_row(r0 + i)[b..].as_ptr()),
                     )
                 };
-                sc[i] = _mm512_mul_ps(dw, dx);
-                off[i] = _mm512_fmadd_ps(mw, sx, off[i]);
-            }
-            for g in 0..live.div_ceil(GB) {
-                let b = b0 + g * GB;
-                let p = blocks_at(row, bb, b, GB, &mut buf);
-                // SAFETY: `p` points at 4 whole blocks (of the row or of `buf`)
-                let (lo, hi) = unsafe {
-                    let part = |o: usize| {
-                        let v = _mm512_castsi128_si512(_mm_loadu_si128(p.add(o).cast()));
-                        let v = _mm512_inserti32x4::<1>(v, _mm_loadu_si128(p.add(o + bb).cast()));
-                        let v =
-                            _mm512_inserti32x4::<2>(v, _mm_loadu_si128(p.add(o + 2 * bb).cast()));
-                        _mm512_inserti32x4::<3>(v, _mm_loadu_si128(p.add(o + 3 * bb).cast()))
-                    };
-                    if F == 0 {
-                        (
-                            _mm512_xor_si512(part(at), flip),
-                            _mm512_xor_si512(part(at + 16), flip),
-                        )
-                    } else {
-                        let v = part(at);
-                        (
-                            _mm512_and_si512(v, low4),
-                            _mm512_and_si512(_mm512_srli_epi16::<4>(v), low4),
-                        )
-                    }
-                };
-                let pick = _mm512_add_epi32(
-                    _mm512_srli_epi32::<2>(_mm512_setr_epi32(
-                        0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15,
-                    )),
-                    _mm512_set1_epi32((g * GB) as i32),
-                );
-                for i in 0..R {
-                    let q = x.q_row(r0 + i)[b * QB..].as_ptr();
-                    // SAFETY: the quant rows hold whole groups of 4 blocks
-                    let (xl, xh) = unsafe {
-                        (
-                            _mm512_loadu_si512(q.cast()),
-                            _mm512_loadu_si512(q.add(64).cast()),
-                        )
-                    };
-                    let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xl);
-                    let dot = _mm512_dpbusd_epi32(dot, hi, xh);
-                    let s = _mm512_permutexvar_ps(pick, sc[i]);
-                    acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), s, acc[i]);
-                }
+                let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xl);
+                let dot = _mm512_dpbusd_epi32(dot, hi, xh);
+                let sc = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_mul_ps(dw, dx)));
+                acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), sc, acc[i]);
+                off[i] = _mm_fmadd_ps(mw, sx, off[i]);
             }
         }
         let mut out = [0f32; R];
         for i in 0..R {
-            out[i] = _mm512_reduce_add_ps(_mm512_add_ps(acc[i], off[i]));
+            out[i] = _mm512_reduce_add_ps(acc[i]) + hsum128(off[i]);
         }
         out
+    }
+
+    /// The sum of the 4 lanes of `v`.
+    #[inline(always)]
+    fn hsum128(v: __m128) -> f32 {
+        // SAFETY: SSE3 is part of every target that runs these kernels
+        unsafe {
+            let v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+            _mm_cvtss_f32(_mm_add_ss(v, _mm_movehdup_ps(v)))
+        }
     }
 
     /// AVX2: as the AVX-512 kernel with two blocks per vector (`vpmaddubsw`
@@ -633,19 +663,19 @@ mod tests {
                 for &(m, n) in &shapes {
                     let xs = gaussian(m * k, (k * 131 + m) as u64);
                     let ws = gaussian(n * k, (k * 7 + n) as u64 + 99);
-                    let xq = QuantizedRows::new(&xs, m, k);
+                    let xq = QuantizedRows::new(Path::Scalar, &xs, m, k);
                     let wb = quantize(format, &ws);
                     let wf = crate::quant::dequantize(format, &wb);
                     let rb = format.bytes_for(k);
                     let mut reference = vec![0f32; n * m];
-                    dot_rows(Path::Scalar, format, &wb, rb, &xq, m, &mut reference);
+                    dot_rows(Path::Scalar, format, &wb, 0, rb, &xq, m, &mut reference);
                     // the kernel itself is exact up to f32 rounding
                     let exact = product_t(&dequantized(&xq, m), &wf, m, n, k);
                     let e = rel_err(&reference, &exact);
                     assert!(e < 1e-5, "{format} scalar k {k} m {m} n {n}: {e}");
                     for path in Path::available() {
                         let mut got = vec![0f32; n * m];
-                        dot_rows(path, format, &wb, rb, &xq, m, &mut got);
+                        dot_rows(path, format, &wb, 0, rb, &xq, m, &mut got);
                         let e = rel_err(&got, &reference);
                         assert!(
                             e < 1e-5,
@@ -666,13 +696,13 @@ mod tests {
         let k = 96;
         let xs: Vec<f32> = (0..2 * k).map(|i| if i < k { 0.0 } else { 1.5 }).collect();
         let ws = gaussian(3 * k, 5);
-        let xq = QuantizedRows::new(&xs, 2, k);
+        let xq = QuantizedRows::new(Path::Scalar, &xs, 2, k);
         for format in [QuantFormat::Q8_0, QuantFormat::Q4_0, QuantFormat::Q4_1] {
             let wb = quantize(format, &ws);
             let wf = crate::quant::dequantize(format, &wb);
             for path in Path::available() {
                 let mut got = vec![0f32; 6];
-                dot_rows(path, format, &wb, format.bytes_for(k), &xq, 2, &mut got);
+                dot_rows(path, format, &wb, 0, format.bytes_for(k), &xq, 2, &mut got);
                 for j in 0..3 {
                     assert_eq!(got[2 * j], 0.0, "{format} {path:?}");
                     let want: f32 = wf[j * k..(j + 1) * k].iter().map(|w| w * 1.5).sum();

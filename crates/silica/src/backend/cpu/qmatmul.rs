@@ -46,15 +46,13 @@ pub fn qmatmul(
         if qdot::supports(format)
             && let Some(path) = qdot::Path::detect()
         {
-            let xq = qdot::QuantizedRows::new(&xs, m, k);
+            let xq = qdot::QuantizedRows::new(path, &xs, m, k);
             let rows = int8_task_rows(n, m, k);
             out_t
                 .par_chunks_mut(rows * m)
                 .enumerate()
                 .for_each(|(t, dst)| {
-                    let j0 = t * rows;
-                    let w = &wb[j0 * row_bytes..(j0 + dst.len() / m) * row_bytes];
-                    qdot::dot_rows(path, format, w, row_bytes, &xq, m, dst);
+                    qdot::dot_rows(path, format, wb, t * rows, row_bytes, &xq, m, dst);
                 });
         } else if m <= DOT_MAX_M {
             // sums of each run of 16 values of x (the groups' offsets multiply them)
@@ -109,7 +107,7 @@ pub fn qmatmul(
     CpuStorage::from_f32(result, out)
 }
 
-/// Weight rows per task of the integer path: about 4 tasks per thread,
+/// Weight rows per task of the integer path: up to 4 tasks per thread,
 /// but none below `INT8_TASK_MIN` multiply-adds, where handing work to
 /// another thread costs more than it saves.
 fn int8_task_rows(n: usize, m: usize, k: usize) -> usize {
@@ -118,9 +116,8 @@ fn int8_task_rows(n: usize, m: usize, k: usize) -> usize {
         .and_then(|v| v.parse().ok())
         .unwrap_or(INT8_TASK_MIN);
     let threads = rayon::current_num_threads().max(1);
-    let by_threads = n.div_ceil(4 * threads);
-    let by_work = min.div_ceil((m * k).max(1));
-    by_threads.max(by_work).clamp(1, n.max(1))
+    let tasks = (n * m * k / min.max(1)).clamp(1, 4 * threads);
+    n.div_ceil(tasks).max(1)
 }
 
 /// Rows `ids` of the quantized matrix `w` (rows of `k` values), decoded.
