@@ -25,7 +25,7 @@ const PANEL: usize = 64;
 /// Weight rows per task of the block-dot path (at least).
 const DOT_TASK: usize = 16;
 /// Multiply-adds per task of the integer path (at least).
-const INT8_TASK_MIN: usize = 1 << 18;
+const INT8_TASK_MIN: usize = 1 << 22;
 
 pub fn qmatmul(
     format: QuantFormat,
@@ -98,11 +98,28 @@ pub fn qmatmul(
         // [n, 1] is already [1, n]
         return CpuStorage::from_f32(out_t, out);
     }
+    // [n, m] to [m, n] in tiles of 64 columns, whose rows of out_t stay in
+    // cache while each row of the result is written; rows in parallel
+    const TILE: usize = 64;
     let mut result = vec![0f32; m * n];
-    for (j, col) in out_t.chunks_exact(m.max(1)).enumerate().take(n) {
-        for (r, &v) in col.iter().enumerate() {
-            result[r * n + j] = v;
+    let transpose = |(r0, dst): (usize, &mut [f32])| {
+        let rows = dst.len() / n;
+        for j0 in (0..n).step_by(TILE) {
+            let j1 = (j0 + TILE).min(n);
+            for (r, dst) in dst.chunks_exact_mut(n).enumerate() {
+                for (j, v) in dst[j0..j1].iter_mut().enumerate() {
+                    *v = out_t[(j0 + j) * m + r0 * rows + r];
+                }
+            }
         }
+    };
+    if m * n >= super::PAR_MIN {
+        result
+            .par_chunks_mut(n * m.div_ceil(8))
+            .enumerate()
+            .for_each(transpose);
+    } else {
+        transpose((0, &mut result));
     }
     CpuStorage::from_f32(result, out)
 }
