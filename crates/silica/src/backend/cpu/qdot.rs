@@ -248,6 +248,31 @@ pub(crate) fn dot_rows(
     m: usize,
     out: &mut [f32],
 ) {
+    match path {
+        Path::Scalar => dot_rows_on(path, format, w, j0, row_bytes, x, m, out),
+        // SAFETY: `Path::detect` (or the test that forces a path) checked
+        // that the processor has the features these functions enable
+        #[cfg(target_arch = "x86_64")]
+        Path::Avx2 => unsafe { x86::dot_rows_avx2(format, w, j0, row_bytes, x, m, out) },
+        #[cfg(target_arch = "x86_64")]
+        Path::Avx512Vnni => unsafe { x86::dot_rows_avx512(format, w, j0, row_bytes, x, m, out) },
+    }
+}
+
+/// The loop of [`dot_rows`], inlined into a version per path so that each
+/// row's kernel is inlined too.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn dot_rows_on(
+    path: Path,
+    format: QuantFormat,
+    w: &[u8],
+    j0: usize,
+    row_bytes: usize,
+    x: &QuantizedRows,
+    m: usize,
+    out: &mut [f32],
+) {
     let f = code(format);
     for (i, dst) in out.chunks_exact_mut(m).enumerate() {
         let row = &w[(j0 + i) * row_bytes..];
@@ -319,7 +344,7 @@ mod x86 {
     //! the end of the row and is copied to a zeroed buffer first, so that no
     //! load reads past the row.
 
-    use super::{GB, QB, QuantizedRows, f16_le, layout_of};
+    use super::{GB, Path, QB, QuantFormat, QuantizedRows, f16_le, layout_of};
     use std::arch::x86_64::*;
 
     /// The blocks `b0..` of `row`, whole if `nb - b0 >= n`, otherwise the
@@ -361,6 +386,34 @@ mod x86 {
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn dot_rows_avx2(
+        format: QuantFormat,
+        w: &[u8],
+        j0: usize,
+        row_bytes: usize,
+        x: &QuantizedRows,
+        m: usize,
+        out: &mut [f32],
+    ) {
+        super::dot_rows_on(Path::Avx2, format, w, j0, row_bytes, x, m, out)
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn dot_rows_avx512(
+        format: QuantFormat,
+        w: &[u8],
+        j0: usize,
+        row_bytes: usize,
+        x: &QuantizedRows,
+        m: usize,
+        out: &mut [f32],
+    ) {
+        super::dot_rows_on(Path::Avx512Vnni, format, w, j0, row_bytes, x, m, out)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn quantize_row_avx2(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32]) {
         super::quantize_row(x, q, d, s)
     }
@@ -383,6 +436,7 @@ mod x86 {
     /// which do not touch the memory of masked bytes. (The scales are
     /// loaded with the blocks, not gathered: a gather waits for every cache
     /// line it touches before anything else can use it.)
+    #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
     pub(super) unsafe fn dot_avx512<const F: u8, const R: usize>(
         row: &[u8],
@@ -488,6 +542,7 @@ mod x86 {
     /// AVX2: as the AVX-512 kernel with two blocks per vector (`vpmaddubsw`
     /// then `vpmaddwd` against ones). Q8_0 quants are used signed here
     /// (`vpsignb`), since 255 · 127 · 2 overflows `vpmaddubsw`'s 16-bit sums.
+    #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn dot_avx2<const F: u8, const R: usize>(
         row: &[u8],
@@ -687,6 +742,32 @@ mod tests {
                 }
                 let e = rel_err(&all_got, &all_want);
                 assert!(e < 1e-2, "{format} k {k}: {e} against the f32 product");
+            }
+        }
+    }
+
+    #[test]
+    fn bytes_read_past_a_row_are_ignored() {
+        // 3 blocks per row: the last group of 4 reads into the next row,
+        // whose scales here are NaN
+        let k = 96;
+        let xs = gaussian(2 * k, 3);
+        let xq = QuantizedRows::new(Path::Scalar, &xs, 2, k);
+        for format in [QuantFormat::Q8_0, QuantFormat::Q4_0, QuantFormat::Q4_1] {
+            let mut wb = quantize(format, &gaussian(2 * k, 4));
+            let (rb, bb) = (format.bytes_for(k), format.block_bytes());
+            for blk in wb[rb..].chunks_exact_mut(bb) {
+                blk[..4].copy_from_slice(&[0x00, 0x7e, 0x00, 0x7e]);
+            }
+            let mut want = vec![0f32; 2];
+            dot_rows(Path::Scalar, format, &wb[..rb], 0, rb, &xq, 2, &mut want);
+            for path in Path::available() {
+                let mut got = vec![0f32; 2];
+                dot_rows(path, format, &wb, 0, rb, &xq, 2, &mut got);
+                assert!(
+                    rel_err(&got, &want) < 1e-5,
+                    "{format} {path:?}: {got:?} vs {want:?}"
+                );
             }
         }
     }
