@@ -116,7 +116,9 @@ impl QuantizedRows {
             d: vec![0.0; rows * s_stride],
             s: vec![0.0; rows * s_stride],
         };
-        let quantize = |((x, q), (d, s)): ((&[f32], &mut [i8]), (&mut [f32], &mut [f32]))| {
+        // (x row, quant row), (scale row, sum row)
+        type Row<'a> = ((&'a [f32], &'a mut [i8]), (&'a mut [f32], &'a mut [f32]));
+        let quantize = |((x, q), (d, s)): Row<'_>| {
             match path {
                 Path::Scalar => quantize_row(x, q, d, s),
                 // SAFETY: as for the kernels of `path`
