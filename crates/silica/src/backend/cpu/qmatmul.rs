@@ -98,30 +98,41 @@ pub fn qmatmul(
         // [n, 1] is already [1, n]
         return CpuStorage::from_f32(out_t, out);
     }
-    // [n, m] to [m, n] in tiles of 64 columns, whose rows of out_t stay in
-    // cache while each row of the result is written; rows in parallel
+    CpuStorage::from_f32(transpose(&out_t, n, m), out)
+}
+
+/// `t` [n, m] transposed to [m, n], in tiles of 64 columns, whose rows of
+/// `t` stay in cache while each row of the result is written; rows in
+/// parallel (runs of `m.div_ceil(8)`) for large matrices.
+fn transpose(t: &[f32], n: usize, m: usize) -> Vec<f32> {
     const TILE: usize = 64;
     let mut result = vec![0f32; m * n];
-    let transpose = |(r0, dst): (usize, &mut [f32])| {
-        let rows = dst.len() / n;
+    if m == 0 || n == 0 {
+        return result;
+    }
+    let chunk_rows = m.div_ceil(8);
+    // chunk c: rows c * chunk_rows.. of the result (the last chunk may hold
+    // fewer rows, so its first row is not c * its own row count)
+    let run = |(c, dst): (usize, &mut [f32])| {
+        let r0 = c * chunk_rows;
         for j0 in (0..n).step_by(TILE) {
             let j1 = (j0 + TILE).min(n);
             for (r, dst) in dst.chunks_exact_mut(n).enumerate() {
                 for (j, v) in dst[j0..j1].iter_mut().enumerate() {
-                    *v = out_t[(j0 + j) * m + r0 * rows + r];
+                    *v = t[(j0 + j) * m + r0 + r];
                 }
             }
         }
     };
     if m * n >= super::PAR_MIN {
         result
-            .par_chunks_mut(n * m.div_ceil(8))
+            .par_chunks_mut(n * chunk_rows)
             .enumerate()
-            .for_each(transpose);
+            .for_each(run);
     } else {
-        transpose((0, &mut result));
+        result.chunks_mut(n * chunk_rows).enumerate().for_each(run);
     }
-    CpuStorage::from_f32(result, out)
+    result
 }
 
 /// Weight rows per task of the integer path: up to 4 tasks per thread,
@@ -366,6 +377,29 @@ fn group_quants<const F: u8>(x: &[u8], g: usize, q: &mut [f32; 32]) -> [f32; 4] 
             let s0 = d * f32::from(x[192 + 8 * n + 2 * t] as i8);
             let s1 = d * f32::from(x[193 + 8 * n + 2 * t] as i8);
             [s0, -32.0 * s0, s1, -32.0 * s1]
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transpose_matches_the_plain_transpose() {
+        // m not a multiple of 8 (a shorter last run of rows), n past a tile
+        // and the parallel threshold
+        for m in [1, 2, 7, 8, 9, 10, 15, 16, 17, 23, 33] {
+            for n in [1, 3, 64, 65, 130, 2000] {
+                let t: Vec<f32> = (0..n * m).map(|i| i as f32).collect();
+                let mut want = vec![0f32; m * n];
+                for j in 0..n {
+                    for r in 0..m {
+                        want[r * n + j] = t[j * m + r];
+                    }
+                }
+                assert_eq!(transpose(&t, n, m), want, "[{n}, {m}]");
+            }
         }
     }
 }
