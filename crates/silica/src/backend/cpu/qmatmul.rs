@@ -43,7 +43,10 @@ pub fn qmatmul(
     // results transposed, [n, m]: each task owns a run of weight rows
     let mut out_t = vec![0f32; n * m];
     if m > 0 && n > 0 {
+        // 8-bit activations unless the exact path is asked for
+        // (`crate::set_cpu_int8_activations`)
         if qdot::supports(format)
+            && super::int8_now()
             && let Some(path) = qdot::Path::detect()
         {
             let xq = qdot::QuantizedRows::new(path, &xs, m, k);
@@ -139,12 +142,8 @@ fn transpose(t: &[f32], n: usize, m: usize) -> Vec<f32> {
 /// but none below `INT8_TASK_MIN` multiply-adds, where handing work to
 /// another thread costs more than it saves.
 fn int8_task_rows(n: usize, m: usize, k: usize) -> usize {
-    let min = std::env::var("SILICA_INT8_MIN")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(INT8_TASK_MIN);
     let threads = rayon::current_num_threads().max(1);
-    let tasks = (n * m * k / min.max(1)).clamp(1, 4 * threads);
+    let tasks = (n * m * k / INT8_TASK_MIN).clamp(1, 4 * threads);
     n.div_ceil(tasks).max(1)
 }
 
