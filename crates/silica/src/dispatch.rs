@@ -86,7 +86,11 @@ fn check_tolerance(op: &Op, dtype: DType) -> f64 {
 
 /// `SILICA_CHECK=1`: compares a GPU result with the CPU kernel's.
 fn check_against_cpu(op: &Op, inputs: &[&Tensor], gpu_out: &Tensor) -> Result<()> {
-    let reference = run_on_cpu(op, inputs, gpu_out.shape(), gpu_out.dtype())?.to_f64();
+    // the exact CPU path: 8-bit activations (`cpu_int8_activations`) would
+    // differ from a correct GPU result by more than the tolerance
+    let reference =
+        crate::backend::cpu::exact(|| run_on_cpu(op, inputs, gpu_out.shape(), gpu_out.dtype()))?
+            .to_f64();
     let got = gpu_out.to_f64_vec()?;
     let tol = check_tolerance(op, gpu_out.dtype());
     let mut worst: Option<(usize, f64)> = None;

@@ -31,6 +31,7 @@ pub mod quant;
 mod storage;
 mod tensor;
 
+pub use backend::cpu::{cpu_int8_activations, set_cpu_int8_activations};
 pub use backend::gpu::{FallbackCount, GpuDevice, KernelTime};
 pub use device::{
     BackendKind, Device, DeviceInfo, Selector, adapters, default_gpu_index, device_count,

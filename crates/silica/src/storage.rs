@@ -239,7 +239,18 @@ impl CpuStorage {
             CpuStorage::F32(v) if layout.is_contiguous() => {
                 v[layout.offset()..layout.offset() + layout.numel()].to_vec()
             }
-            CpuStorage::F32(v) => layout.offsets().map(|o| v[o]).collect(),
+            CpuStorage::F32(v) => match layout.shape().split_last() {
+                // rows contiguous in memory (a KV cache's view): one copy per row
+                Some((&len, outer)) if layout.strides().last() == Some(&1) && len >= 8 => {
+                    let strides = &layout.strides()[..outer.len()];
+                    let rows = Layout::new(outer.to_vec(), strides.to_vec(), layout.offset());
+                    let mut out = Vec::with_capacity(layout.numel());
+                    rows.offsets()
+                        .for_each(|o| out.extend_from_slice(&v[o..o + len]));
+                    out
+                }
+                _ => layout.offsets().map(|o| v[o]).collect(),
+            },
             CpuStorage::F16(v) => g(v, layout),
             CpuStorage::BF16(v) => g(v, layout),
             CpuStorage::U32(v) => g(v, layout),

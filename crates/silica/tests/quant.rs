@@ -6,7 +6,17 @@
 
 mod common;
 
+use std::sync::{Mutex, MutexGuard};
+
 use silica::{DType, Device, Error, QFuse, QTensor, QuantFormat, RopeStyle, Tensor};
+
+/// Held by the tests whose CPU expectations depend on
+/// `silica::cpu_int8_activations` while one of them switches it.
+static INT8_SWITCH: Mutex<()> = Mutex::new(());
+
+fn int8_switch() -> MutexGuard<'static, ()> {
+    INT8_SWITCH.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 fn devices() -> Vec<Device> {
     let mut d = vec![Device::cpu()];
@@ -24,8 +34,65 @@ fn rel_err(a: &[f32], b: &[f32]) -> f64 {
     worst / scale.max(f64::MIN_POSITIVE)
 }
 
+/// Formats whose CPU product quantizes x to 8 bits (as llama.cpp does).
+fn int8_activations(format: QuantFormat) -> bool {
+    matches!(
+        format,
+        QuantFormat::Q4_0 | QuantFormat::Q4_1 | QuantFormat::Q8_0
+    )
+}
+
+/// For `x` [m, k] and `w` [n, k]: the largest error that rounding x to 8
+/// bits per block of 32 can cause in each output of `x @ wᵀ`.
+fn rounding_bound(x: &[f32], w: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {
+    let mut out = vec![0f32; m * n];
+    for r in 0..m {
+        for j in 0..n {
+            let mut bound = 0f64;
+            for b in 0..k / 32 {
+                let xb = &x[r * k + 32 * b..r * k + 32 * b + 32];
+                let amax = xb.iter().fold(0f64, |a, &v| a.max(f64::from(v).abs()));
+                let wsum: f64 = w[j * k + 32 * b..j * k + 32 * b + 32]
+                    .iter()
+                    .map(|&v| f64::from(v).abs())
+                    .sum();
+                bound += amax / 254.0 * wsum;
+            }
+            out[r * n + j] = bound as f32;
+        }
+    }
+    out
+}
+
+/// `h` rounded as the CPU's integer products round x: per block of 32,
+/// `d = amax / 127`, `q = round(h / d)`, value `q · d`.
+fn rounded_to_8_bits(h: &[f64]) -> Vec<f64> {
+    h.chunks(32)
+        .flat_map(|b| {
+            let d = f64::from(b.iter().fold(0f64, |a, v| a.max(v.abs())) as f32 / 127.0);
+            b.iter().map(move |&v| {
+                if d > 0.0 {
+                    (v / d).round_ties_even() * d
+                } else {
+                    0.0
+                }
+            })
+        })
+        .collect()
+}
+
+/// As [`rel_err`], for the part of each error beyond `slack`.
+fn rel_err_beyond(a: &[f32], b: &[f32], slack: &[f32]) -> f64 {
+    let scale = b.iter().fold(0f64, |m, &v| m.max(f64::from(v).abs()));
+    let worst = a.iter().zip(b).zip(slack).fold(0f64, |m, ((&x, &y), &s)| {
+        m.max((f64::from(x) - f64::from(y)).abs() - f64::from(s))
+    });
+    worst / scale.max(f64::MIN_POSITIVE)
+}
+
 #[test]
 fn matmul_q_matches_the_dequantized_reference() {
+    let _switch = int8_switch();
     for dev in devices() {
         for format in QuantFormat::ALL {
             for (m, n, k) in [
@@ -46,7 +113,20 @@ fn matmul_q_matches_the_dequantized_reference() {
                     .unwrap();
                 let xc = x.to_device(&Device::cpu()).unwrap();
                 let want: Vec<f32> = xc.matmul(&wd.t().unwrap()).unwrap().to_vec().unwrap();
-                let err = rel_err(&got, &want);
+                // the CPU multiplies these formats with x rounded to 8 bits
+                // per block of 32 (scale amax / 127): each output may then
+                // be off by up to Σ |w| · amax / 254 over the blocks
+                let slack = if matches!(dev, Device::Cpu)
+                    && int8_activations(format)
+                    && silica::cpu_int8_activations()
+                {
+                    let (xv, wv): (Vec<f32>, Vec<f32>) =
+                        (xc.to_vec().unwrap(), wd.to_vec().unwrap());
+                    rounding_bound(&xv, &wv, m, n, k)
+                } else {
+                    vec![0.0; m * n]
+                };
+                let err = rel_err_beyond(&got, &want, &slack);
                 assert!(
                     err <= 1e-5,
                     "{dev} {format} [{m}, {k}] x [{n}, {k}]: relative error {err:e}"
@@ -54,6 +134,41 @@ fn matmul_q_matches_the_dequantized_reference() {
             }
         }
     }
+}
+
+/// `silica::set_cpu_int8_activations`: off, the CPU's Q4_0/Q4_1/Q8_0
+/// products are the exact f32 ones; on, within the 8-bit rounding bound.
+#[test]
+fn cpu_int8_activations_switch() {
+    let _switch = int8_switch();
+    let cpu = Device::cpu();
+    let before = silica::cpu_int8_activations();
+    for format in [QuantFormat::Q4_0, QuantFormat::Q4_1, QuantFormat::Q8_0] {
+        for (m, n, k) in [(1, 70, 512), (9, 33, 768)] {
+            let w = QTensor::random(format, &[n, k], 11, &cpu).unwrap();
+            let x = Tensor::randn(&[m, k], DType::F32, 12, &cpu).unwrap();
+            let wd = w.dequantize(DType::F32).unwrap();
+            let want: Vec<f32> = x.matmul(&wd.t().unwrap()).unwrap().to_vec().unwrap();
+            let product = |on: bool| -> Vec<f32> {
+                silica::set_cpu_int8_activations(on);
+                assert_eq!(silica::cpu_int8_activations(), on);
+                x.matmul_q(&w).unwrap().to_vec().unwrap()
+            };
+            let (exact, int8) = (product(false), product(true));
+            let err = rel_err(&exact, &want);
+            assert!(
+                err <= 1e-5,
+                "{format} [{m}, {k}] off: relative error {err:e}"
+            );
+            let (xv, wv) = (x.to_vec().unwrap(), wd.to_vec().unwrap());
+            let err = rel_err_beyond(&int8, &want, &rounding_bound(&xv, &wv, m, n, k));
+            assert!(
+                err <= 1e-5,
+                "{format} [{m}, {k}] on: relative error {err:e}"
+            );
+        }
+    }
+    silica::set_cpu_int8_activations(before);
 }
 
 #[test]
@@ -214,6 +329,7 @@ fn bad_input_is_an_error() {
 /// every device: one kernel on a GPU for one row of x, separate ops for 9.
 #[test]
 fn fused_products_match_their_definition() {
+    let _switch = int8_switch();
     let (k, n) = (256, 24);
     let cpu = Device::cpu();
     for dev in devices() {
@@ -245,6 +361,15 @@ fn fused_products_match_their_definition() {
                         .zip(&gs)
                         .map(|(&v, &s)| v as f64 * inv * s as f64)
                         .collect();
+                    // the CPU rounds the normed rows to 8 bits for these formats
+                    let h = if matches!(dev, Device::Cpu)
+                        && int8_activations(format)
+                        && silica::cpu_int8_activations()
+                    {
+                        rounded_to_8_bits(&h)
+                    } else {
+                        h
+                    };
                     let dot = |j: usize| -> f64 {
                         h.iter()
                             .zip(&wd[j * k..(j + 1) * k])

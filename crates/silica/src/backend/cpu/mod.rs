@@ -6,8 +6,13 @@ mod elementwise;
 mod index;
 mod matmul;
 mod nn;
+mod qdot;
 mod qmatmul;
 mod reduce;
+
+use std::cell::Cell;
+use std::sync::LazyLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::Backend;
 use crate::storage::{CpuStorage, Storage};
@@ -17,6 +22,65 @@ pub(crate) struct CpuBackend;
 
 /// Below this many elements, splitting work across threads costs more than it saves.
 const PAR_MIN: usize = 1 << 14;
+
+/// The switch behind [`cpu_int8_activations`]: on unless `SILICA_CPU_INT8`
+/// is `0`, `false` or `off` when it is first read.
+static INT8_ACTIVATIONS: LazyLock<AtomicBool> = LazyLock::new(|| {
+    let off = std::env::var("SILICA_CPU_INT8").is_ok_and(|v| {
+        matches!(
+            v.trim().to_ascii_lowercase().as_str(),
+            "0" | "false" | "off"
+        )
+    });
+    AtomicBool::new(!off)
+});
+
+thread_local! {
+    /// Set while this thread computes a reference (`SILICA_CHECK`): the
+    /// exact path whatever the switch says.
+    static EXACT: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether the CPU's Q4_0 / Q4_1 / Q8_0 products round the activations to
+/// 8 bits per block of 32 and multiply with integer dot products (as
+/// llama.cpp does), instead of the exact f32 path that every other format
+/// takes.
+///
+/// On by default (faster decoding); the analogue of PyTorch's
+/// `allow_tf32`: speed by default, exactness on request. Each output may
+/// then differ from the exact product by up to `Σ |w| · amax(x) / 254`
+/// over the blocks of 32 (`amax(x)` the largest |x| of the block). Turn it
+/// off with [`set_cpu_int8_activations`]`(false)` or by starting the
+/// process with `SILICA_CPU_INT8=0` (read once, on first use), where the
+/// CPU serves as a reference, as the parity tests do. `SILICA_CHECK`
+/// compares GPU results with the exact path whatever this says.
+pub fn cpu_int8_activations() -> bool {
+    INT8_ACTIVATIONS.load(Ordering::Relaxed)
+}
+
+/// Turns the CPU's 8-bit activations on or off for the whole process (see
+/// [`cpu_int8_activations`]); products already running are not affected.
+pub fn set_cpu_int8_activations(on: bool) {
+    INT8_ACTIVATIONS.store(on, Ordering::Relaxed);
+}
+
+/// Runs `f` with this thread's CPU products on the exact path (a reference
+/// for `SILICA_CHECK`), whatever [`cpu_int8_activations`] says.
+pub(crate) fn exact<R>(f: impl FnOnce() -> R) -> R {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            EXACT.set(self.0);
+        }
+    }
+    let _restore = Restore(EXACT.replace(true));
+    f()
+}
+
+/// Whether a product started now on this thread uses 8-bit activations.
+fn int8_now() -> bool {
+    !EXACT.get() && cpu_int8_activations()
+}
 
 /// The host storage of a tensor the dispatcher placed on the CPU.
 fn host(t: &Tensor) -> &CpuStorage {

@@ -12,6 +12,7 @@ use rayon::prelude::*;
 
 use super::host;
 use super::matmul::{Operand, gemm_f32};
+use super::qdot;
 use crate::quant::QuantFormat;
 use crate::storage::CpuStorage;
 use crate::{DType, Error, Result, Tensor};
@@ -23,6 +24,8 @@ const DOT_MAX_M: usize = 8;
 const PANEL: usize = 64;
 /// Weight rows per task of the block-dot path (at least).
 const DOT_TASK: usize = 16;
+/// Multiply-adds per task of the integer path (at least).
+const INT8_TASK_MIN: usize = 1 << 22;
 
 pub fn qmatmul(
     format: QuantFormat,
@@ -40,7 +43,21 @@ pub fn qmatmul(
     // results transposed, [n, m]: each task owns a run of weight rows
     let mut out_t = vec![0f32; n * m];
     if m > 0 && n > 0 {
-        if m <= DOT_MAX_M {
+        // 8-bit activations unless the exact path is asked for
+        // (`crate::set_cpu_int8_activations`)
+        if qdot::supports(format)
+            && super::int8_now()
+            && let Some(path) = qdot::Path::detect()
+        {
+            let xq = qdot::QuantizedRows::new(path, &xs, m, k);
+            let rows = int8_task_rows(n, m, k);
+            out_t
+                .par_chunks_mut(rows * m)
+                .enumerate()
+                .for_each(|(t, dst)| {
+                    qdot::dot_rows(path, format, wb, t * rows, row_bytes, &xq, m, dst);
+                });
+        } else if m <= DOT_MAX_M {
             // sums of each run of 16 values of x (the groups' offsets multiply them)
             let sums: Vec<f32> = xs.chunks_exact(16).map(|c| c.iter().sum()).collect();
             out_t
@@ -84,13 +101,50 @@ pub fn qmatmul(
         // [n, 1] is already [1, n]
         return CpuStorage::from_f32(out_t, out);
     }
+    CpuStorage::from_f32(transpose(&out_t, n, m), out)
+}
+
+/// `t` [n, m] transposed to [m, n], in tiles of 64 columns, whose rows of
+/// `t` stay in cache while each row of the result is written; rows in
+/// parallel (runs of `m.div_ceil(8)`) for large matrices.
+fn transpose(t: &[f32], n: usize, m: usize) -> Vec<f32> {
+    const TILE: usize = 64;
     let mut result = vec![0f32; m * n];
-    for (j, col) in out_t.chunks_exact(m.max(1)).enumerate().take(n) {
-        for (r, &v) in col.iter().enumerate() {
-            result[r * n + j] = v;
-        }
+    if m == 0 || n == 0 {
+        return result;
     }
-    CpuStorage::from_f32(result, out)
+    let chunk_rows = m.div_ceil(8);
+    // chunk c: rows c * chunk_rows.. of the result (the last chunk may hold
+    // fewer rows, so its first row is not c * its own row count)
+    let run = |(c, dst): (usize, &mut [f32])| {
+        let r0 = c * chunk_rows;
+        for j0 in (0..n).step_by(TILE) {
+            let j1 = (j0 + TILE).min(n);
+            for (r, dst) in dst.chunks_exact_mut(n).enumerate() {
+                for (j, v) in dst[j0..j1].iter_mut().enumerate() {
+                    *v = t[(j0 + j) * m + r0 + r];
+                }
+            }
+        }
+    };
+    if m * n >= super::PAR_MIN {
+        result
+            .par_chunks_mut(n * chunk_rows)
+            .enumerate()
+            .for_each(run);
+    } else {
+        result.chunks_mut(n * chunk_rows).enumerate().for_each(run);
+    }
+    result
+}
+
+/// Weight rows per task of the integer path: up to 4 tasks per thread,
+/// but none below `INT8_TASK_MIN` multiply-adds, where handing work to
+/// another thread costs more than it saves.
+fn int8_task_rows(n: usize, m: usize, k: usize) -> usize {
+    let threads = rayon::current_num_threads().max(1);
+    let tasks = (n * m * k / INT8_TASK_MIN).clamp(1, 4 * threads);
+    n.div_ceil(tasks).max(1)
 }
 
 /// Rows `ids` of the quantized matrix `w` (rows of `k` values), decoded.
@@ -322,6 +376,29 @@ fn group_quants<const F: u8>(x: &[u8], g: usize, q: &mut [f32; 32]) -> [f32; 4] 
             let s0 = d * f32::from(x[192 + 8 * n + 2 * t] as i8);
             let s1 = d * f32::from(x[193 + 8 * n + 2 * t] as i8);
             [s0, -32.0 * s0, s1, -32.0 * s1]
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transpose_matches_the_plain_transpose() {
+        // m not a multiple of 8 (a shorter last run of rows), n past a tile
+        // and the parallel threshold
+        for m in [1, 2, 7, 8, 9, 10, 15, 16, 17, 23, 33] {
+            for n in [1, 3, 64, 65, 130, 2000] {
+                let t: Vec<f32> = (0..n * m).map(|i| i as f32).collect();
+                let mut want = vec![0f32; m * n];
+                for j in 0..n {
+                    for r in 0..m {
+                        want[r * n + j] = t[j * m + r];
+                    }
+                }
+                assert_eq!(transpose(&t, n, m), want, "[{n}, {m}]");
+            }
         }
     }
 }

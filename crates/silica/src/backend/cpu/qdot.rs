@@ -1,0 +1,797 @@
+//! Integer dot products of Q4_0 / Q4_1 / Q8_0 weight rows with activations
+//! quantized to 8 bits, as llama.cpp computes them.
+//!
+//! The activations are quantized once per product ([`QuantizedRows`]):
+//! blocks of 32 values with an f32 scale `dx` and `sx = dx * Σq`. Every
+//! weight block is read as unsigned 8-bit quants `u` with an affine map
+//! `w = dw * u + mw` (Q4_0: `mw = -8 dw`; Q4_1: its minimum; Q8_0: `u = q +
+//! 128`, `mw = -128 dw`), so that one block contributes
+//! `dw * dx * Σ u·q + mw * sx`: the inner sum is an unsigned × signed byte
+//! product, which x86 computes 64 pairs per instruction (AVX-512 VNNI
+//! `vpdpbusd`) or 32 per two instructions (AVX2 `vpmaddubsw`).
+//!
+//! Layout of the quantized activations: in each group of 4 blocks, the
+//! first 16 values of the 4 blocks come first, then their last 16. The low
+//! and high nibbles of 4 Q4 blocks, read as one 64-byte vector each, then
+//! line up with them without any shuffle.
+//!
+//! The scalar kernel is the definition the SIMD kernels are tested against;
+//! the product itself falls back to the f32 block-dot path where neither
+//! SIMD kernel runs (it vectorizes better than scalar integer code).
+
+use crate::quant::{QuantFormat, f16_le};
+
+/// Values per block.
+const QB: usize = 32;
+/// Blocks per group (the unit of the interleaved layout).
+const GB: usize = 4;
+/// Blocks of scales handled at once by the kernels (scale arrays are padded
+/// to a multiple of it).
+const SB: usize = 16;
+
+/// The instruction set a kernel uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Path {
+    /// Plain Rust, one block at a time: the definition.
+    #[cfg_attr(not(test), allow(dead_code))] // only tests choose it
+    Scalar,
+    /// AVX2 `vpmaddubsw` / `vpmaddwd`, two blocks per instruction.
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    /// AVX-512 VNNI `vpdpbusd`, four blocks per two instructions.
+    #[cfg(target_arch = "x86_64")]
+    Avx512Vnni,
+}
+
+impl Path {
+    /// The fastest SIMD path of this processor, if any.
+    pub(crate) fn detect() -> Option<Path> {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            if has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("avx512vnni") {
+                return Some(Path::Avx512Vnni);
+            }
+            if has!("avx2") && has!("fma") && has!("f16c") {
+                return Some(Path::Avx2);
+            }
+        }
+        None
+    }
+
+    /// Every path this processor can run (for tests).
+    #[cfg(test)]
+    pub(crate) fn available() -> Vec<Path> {
+        let mut v = vec![Path::Scalar];
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            if has!("avx2") && has!("fma") && has!("f16c") {
+                v.push(Path::Avx2);
+            }
+            if Path::detect() == Some(Path::Avx512Vnni) {
+                v.push(Path::Avx512Vnni);
+            }
+        }
+        v
+    }
+}
+
+/// Whether the integer kernels cover `format`.
+pub(crate) fn supports(format: QuantFormat) -> bool {
+    matches!(
+        format,
+        QuantFormat::Q4_0 | QuantFormat::Q4_1 | QuantFormat::Q8_0
+    )
+}
+
+/// Rows of activations quantized to 8 bits in blocks of 32 (see the module
+/// doc for the layout). Blocks past the end of a row are zero.
+pub(crate) struct QuantizedRows {
+    /// Blocks per row.
+    nb: usize,
+    /// Quants per row: whole groups of 4 blocks.
+    q_stride: usize,
+    /// Scales per row: whole runs of [`SB`] blocks.
+    s_stride: usize,
+    /// [rows, q_stride]
+    q: Vec<i8>,
+    /// [rows, s_stride] block scales
+    d: Vec<f32>,
+    /// [rows, s_stride] scale times the sum of the block's quants
+    s: Vec<f32>,
+}
+
+impl QuantizedRows {
+    /// Quantizes `rows` rows of `k` values (`k` a multiple of 32).
+    pub(crate) fn new(path: Path, xs: &[f32], rows: usize, k: usize) -> QuantizedRows {
+        let nb = k / QB;
+        let q_stride = nb.div_ceil(GB) * GB * QB;
+        let s_stride = nb.next_multiple_of(SB);
+        let mut out = QuantizedRows {
+            nb,
+            q_stride,
+            s_stride,
+            q: vec![0; rows * q_stride],
+            d: vec![0.0; rows * s_stride],
+            s: vec![0.0; rows * s_stride],
+        };
+        // (x row, quant row), (scale row, sum row)
+        type Row<'a> = ((&'a [f32], &'a mut [i8]), (&'a mut [f32], &'a mut [f32]));
+        let quantize = |((x, q), (d, s)): Row<'_>| {
+            match path {
+                Path::Scalar => quantize_row(x, q, d, s),
+                // SAFETY: as for the kernels of `path`
+                #[cfg(target_arch = "x86_64")]
+                Path::Avx2 => unsafe { x86::quantize_row_avx2(x, q, d, s) },
+                #[cfg(target_arch = "x86_64")]
+                Path::Avx512Vnni => unsafe { x86::quantize_row_avx512(x, q, d, s) },
+            }
+        };
+        let parts = xs
+            .chunks_exact(k.max(1))
+            .zip(out.q.chunks_exact_mut(q_stride.max(1)))
+            .zip(
+                out.d
+                    .chunks_exact_mut(s_stride.max(1))
+                    .zip(out.s.chunks_exact_mut(s_stride.max(1))),
+            );
+        if rows * k >= 1 << 15 {
+            use rayon::prelude::*;
+            parts.par_bridge().for_each(quantize);
+        } else {
+            parts.for_each(quantize);
+        }
+        out
+    }
+
+    fn q_row(&self, r: usize) -> &[i8] {
+        &self.q[r * self.q_stride..(r + 1) * self.q_stride]
+    }
+
+    fn d_row(&self, r: usize) -> &[f32] {
+        &self.d[r * self.s_stride..(r + 1) * self.s_stride]
+    }
+
+    fn s_row(&self, r: usize) -> &[f32] {
+        &self.s[r * self.s_stride..(r + 1) * self.s_stride]
+    }
+}
+
+/// Position of value `i` of block `b` in a row of the interleaved layout.
+#[inline(always)]
+fn q_index(b: usize, i: usize) -> usize {
+    (b / GB) * GB * QB + (i / 16) * GB * 16 + (b % GB) * 16 + i % 16
+}
+
+/// One row: `d = amax / 127`, `q = round(x / d)` per block (as ggml's Q8
+/// formats), stored interleaved. Inlined into versions compiled for each
+/// path, where the rounding becomes one instruction instead of a call.
+#[inline(always)]
+fn quantize_row(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32]) {
+    for (b, xb) in x.chunks_exact(QB).enumerate() {
+        let xb: &[f32; QB] = xb.try_into().unwrap_or(&[0.0; QB]);
+        let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
+        let db = amax / 127.0;
+        let id = if db > 0.0 { 1.0 / db } else { 0.0 };
+        let mut qb = [0i8; QB];
+        let mut sum = 0i32;
+        for (q, &v) in qb.iter_mut().zip(xb) {
+            // |v * id| <= 127 (up to rounding): the cast never saturates
+            *q = (v * id).round_ties_even() as i8;
+            sum += i32::from(*q);
+        }
+        let g = (b / GB) * GB * QB + (b % GB) * 16;
+        q[g..g + 16].copy_from_slice(&qb[..16]);
+        q[g + GB * 16..g + GB * 16 + 16].copy_from_slice(&qb[16..]);
+        d[b] = db;
+        s[b] = db * sum as f32;
+    }
+}
+
+/// Byte offset of the quants in a block of `format`, and the weight of the
+/// scale in the block's minimum (`mw = -bias * dw` unless the block stores it).
+const fn layout_of(f: u8) -> (usize, usize, f32) {
+    // (block bytes, offset of the quants, bias)
+    match f {
+        0 => (34, 2, 128.0),
+        1 => (18, 2, 8.0),
+        _ => (20, 4, 0.0),
+    }
+}
+
+/// `F` of the kernels: 0 = Q8_0, 1 = Q4_0, 2 = Q4_1 (the order of
+/// `QuantFormat::ALL`).
+fn code(format: QuantFormat) -> u8 {
+    match format {
+        QuantFormat::Q8_0 => 0,
+        QuantFormat::Q4_0 => 1,
+        _ => 2,
+    }
+}
+
+/// The unsigned quants and the affine map `(dw, mw)` of block `blk`
+/// (`blk.len()` is the block size of format `F`).
+#[inline(always)]
+fn block_u8<const F: u8>(blk: &[u8]) -> ([u8; QB], f32, f32) {
+    let (_, at, bias) = layout_of(F);
+    let d = f16_le(blk[0], blk[1]);
+    let m = if F == 2 {
+        f16_le(blk[2], blk[3])
+    } else {
+        -bias * d
+    };
+    let mut u = [0u8; QB];
+    if F == 0 {
+        for (u, &b) in u.iter_mut().zip(&blk[at..at + QB]) {
+            *u = b ^ 0x80;
+        }
+    } else {
+        for j in 0..16 {
+            u[j] = blk[at + j] & 15;
+            u[j + 16] = blk[at + j] >> 4;
+        }
+    }
+    (u, d, m)
+}
+
+/// `out[i * m + r] = w_{j0 + i} · x_r` for `out.len() / m` rows of `w`
+/// (rows of `row_bytes` each) from row `j0` on, and every row `r` of `x`.
+/// The kernels are given the rest of `w` after each row: where it holds
+/// more bytes, they read past the row without masking (and ignore them).
+#[allow(clippy::too_many_arguments)] // the kernels' inputs, as they are
+pub(crate) fn dot_rows(
+    path: Path,
+    format: QuantFormat,
+    w: &[u8],
+    j0: usize,
+    row_bytes: usize,
+    x: &QuantizedRows,
+    m: usize,
+    out: &mut [f32],
+) {
+    match path {
+        Path::Scalar => dot_rows_on(path, format, w, j0, row_bytes, x, m, out),
+        // SAFETY: `Path::detect` (or the test that forces a path) checked
+        // that the processor has the features these functions enable
+        #[cfg(target_arch = "x86_64")]
+        Path::Avx2 => unsafe { x86::dot_rows_avx2(format, w, j0, row_bytes, x, m, out) },
+        #[cfg(target_arch = "x86_64")]
+        Path::Avx512Vnni => unsafe { x86::dot_rows_avx512(format, w, j0, row_bytes, x, m, out) },
+    }
+}
+
+/// The loop of [`dot_rows`], inlined into a version per path so that each
+/// row's kernel is inlined too.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn dot_rows_on(
+    path: Path,
+    format: QuantFormat,
+    w: &[u8],
+    j0: usize,
+    row_bytes: usize,
+    x: &QuantizedRows,
+    m: usize,
+    out: &mut [f32],
+) {
+    let f = code(format);
+    for (i, dst) in out.chunks_exact_mut(m).enumerate() {
+        let row = &w[(j0 + i) * row_bytes..];
+        let mut r = 0;
+        while r < m {
+            let tile = (m - r).min(4);
+            let d = &mut dst[r..r + tile];
+            match (f, tile) {
+                (0, 1) => dot_tile::<0, 1>(path, row, x, r, d),
+                (0, 2) => dot_tile::<0, 2>(path, row, x, r, d),
+                (0, 3) => dot_tile::<0, 3>(path, row, x, r, d),
+                (0, _) => dot_tile::<0, 4>(path, row, x, r, d),
+                (1, 1) => dot_tile::<1, 1>(path, row, x, r, d),
+                (1, 2) => dot_tile::<1, 2>(path, row, x, r, d),
+                (1, 3) => dot_tile::<1, 3>(path, row, x, r, d),
+                (1, _) => dot_tile::<1, 4>(path, row, x, r, d),
+                (_, 1) => dot_tile::<2, 1>(path, row, x, r, d),
+                (_, 2) => dot_tile::<2, 2>(path, row, x, r, d),
+                (_, 3) => dot_tile::<2, 3>(path, row, x, r, d),
+                (_, _) => dot_tile::<2, 4>(path, row, x, r, d),
+            }
+            r += tile;
+        }
+    }
+}
+
+/// `dst[i] = row · x_{r0 + i}` for `R` rows of x.
+#[inline(always)]
+fn dot_tile<const F: u8, const R: usize>(
+    path: Path,
+    row: &[u8],
+    x: &QuantizedRows,
+    r0: usize,
+    dst: &mut [f32],
+) {
+    let v: [f32; R] = match path {
+        Path::Scalar => dot_scalar::<F, R>(row, x, r0),
+        // SAFETY: `Path::detect` (or the test that forces a path) checked
+        // that the processor has the features these functions enable
+        #[cfg(target_arch = "x86_64")]
+        Path::Avx2 => unsafe { x86::dot_avx2::<F, R>(row, x, r0) },
+        #[cfg(target_arch = "x86_64")]
+        Path::Avx512Vnni => unsafe { x86::dot_avx512::<F, R>(row, x, r0) },
+    };
+    dst.copy_from_slice(&v);
+}
+
+fn dot_scalar<const F: u8, const R: usize>(row: &[u8], x: &QuantizedRows, r0: usize) -> [f32; R] {
+    let bb = layout_of(F).0;
+    let mut acc = [0f32; R];
+    for (b, blk) in row.chunks_exact(bb).take(x.nb).enumerate() {
+        let (u, dw, mw) = block_u8::<F>(blk);
+        for (i, a) in acc.iter_mut().enumerate() {
+            let q = x.q_row(r0 + i);
+            let dot: i32 = (0..QB)
+                .map(|j| i32::from(u[j]) * i32::from(q[q_index(b, j)]))
+                .sum();
+            *a += dw * x.d_row(r0 + i)[b] * dot as f32 + mw * x.s_row(r0 + i)[b];
+        }
+    }
+    acc
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    //! The SIMD kernels. Both walk a weight row in runs of [`SB`] blocks:
+    //! the run's scales are combined with those of x as vectors, then its
+    //! blocks are dotted a group at a time; a run's last group may be cut by
+    //! the end of the row and is copied to a zeroed buffer first, so that no
+    //! load reads past the row.
+
+    use super::{GB, Path, QB, QuantFormat, QuantizedRows, f16_le, layout_of};
+    use std::arch::x86_64::*;
+
+    /// The blocks `b0..` of `row`, whole if `nb - b0 >= n`, otherwise the
+    /// remaining ones copied into `buf` followed by zeros.
+    #[inline(always)]
+    fn blocks_at<'a>(
+        row: &'a [u8],
+        bb: usize,
+        b0: usize,
+        n: usize,
+        buf: &'a mut [u8; GB * 34],
+    ) -> *const u8 {
+        let nb = row.len() / bb;
+        if b0 + n <= nb {
+            row[b0 * bb..].as_ptr()
+        } else {
+            buf.fill(0);
+            let have = &row[b0 * bb..nb * bb];
+            buf[..have.len()].copy_from_slice(have);
+            buf.as_ptr()
+        }
+    }
+
+    /// The dw and mw of blocks `b0..b0 + N` of `row` (zero past its end).
+    #[inline(always)]
+    fn scales<const F: u8, const N: usize>(row: &[u8], b0: usize) -> ([f32; N], [f32; N]) {
+        let (bb, _, bias) = layout_of(F);
+        let mut d = [0f32; N];
+        let mut m = [0f32; N];
+        for (i, blk) in row[b0 * bb..].chunks_exact(bb).take(N).enumerate() {
+            d[i] = f16_le(blk[0], blk[1]);
+            m[i] = if F == 2 {
+                f16_le(blk[2], blk[3])
+            } else {
+                -bias * d[i]
+            };
+        }
+        (d, m)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn dot_rows_avx2(
+        format: QuantFormat,
+        w: &[u8],
+        j0: usize,
+        row_bytes: usize,
+        x: &QuantizedRows,
+        m: usize,
+        out: &mut [f32],
+    ) {
+        super::dot_rows_on(Path::Avx2, format, w, j0, row_bytes, x, m, out)
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn dot_rows_avx512(
+        format: QuantFormat,
+        w: &[u8],
+        j0: usize,
+        row_bytes: usize,
+        x: &QuantizedRows,
+        m: usize,
+        out: &mut [f32],
+    ) {
+        super::dot_rows_on(Path::Avx512Vnni, format, w, j0, row_bytes, x, m, out)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn quantize_row_avx2(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32]) {
+        super::quantize_row(x, q, d, s)
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
+    pub(super) unsafe fn quantize_row_avx512(
+        x: &[f32],
+        q: &mut [i8],
+        d: &mut [f32],
+        s: &mut [f32],
+    ) {
+        super::quantize_row(x, q, d, s)
+    }
+
+    /// AVX-512: per group of 4 blocks, the low nibbles (or first 16 bytes)
+    /// of the 4 blocks in one vector and the high ones in another, each
+    /// against the matching half of the interleaved x; `vpdpbusd` leaves 4
+    /// lanes per block, which are scaled by the block's `dw * dx`. Blocks
+    /// past the end of the row are read as zeros through masked loads,
+    /// which do not touch the memory of masked bytes. (The scales are
+    /// loaded with the blocks, not gathered: a gather waits for every cache
+    /// line it touches before anything else can use it.)
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
+    pub(super) unsafe fn dot_avx512<const F: u8, const R: usize>(
+        row: &[u8],
+        x: &QuantizedRows,
+        r0: usize,
+    ) -> [f32; R] {
+        let (bb, at, bias) = layout_of(F);
+        let nb = x.nb;
+        let mut acc = [_mm512_setzero_ps(); R];
+        let mut off = [_mm_setzero_ps(); R];
+        let low4 = _mm512_set1_epi8(15);
+        let flip = _mm512_set1_epi8(-128);
+        // lane l takes the scale of block l / 4
+        let spread = _mm512_srli_epi32::<2>(_mm512_setr_epi32(
+            0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15,
+        ));
+        for b in (0..nb).step_by(GB) {
+            // the last group of a row may reach past it: its loads are
+            // plain where the bytes are there (part of the next row), masked
+            // (slower) at the end of `w`
+            let live = (nb - b).min(GB);
+            let plain = b * bb + (GB - 1) * bb + at + 32 <= row.len();
+            let keep = |t: usize| if t < live { 0xffff } else { 0 };
+            let p = row[b * bb..].as_ptr();
+            // SAFETY: plain loads read inside `row`, masked ones inside its
+            // blocks
+            let load = |o: usize, t: usize| unsafe {
+                let at = p.wrapping_add(o + t * bb);
+                if plain {
+                    _mm_loadu_si128(at.cast())
+                } else {
+                    _mm_maskz_loadu_epi8(keep(t), at.cast())
+                }
+            };
+            let part = |o: usize| {
+                let v = _mm512_castsi128_si512(load(o, 0));
+                let v = _mm512_inserti32x4::<1>(v, load(o, 1));
+                let v = _mm512_inserti32x4::<2>(v, load(o, 2));
+                _mm512_inserti32x4::<3>(v, load(o, 3))
+            };
+            // the first 4 bytes of the 4 blocks: d, and m for Q4_1
+            let heads = _mm_unpacklo_epi64(
+                _mm_unpacklo_epi32(load(0, 0), load(0, 1)),
+                _mm_unpacklo_epi32(load(0, 2), load(0, 3)),
+            );
+            // the scales of blocks past the row are zero (what was read
+            // there may be NaN); their quants meet zeros of x
+            let heads = _mm_maskz_mov_epi32(((1u16 << live) - 1) as u8, heads);
+            let dw = _mm_cvtph_ps(_mm_cvtepi32_epi16(heads));
+            let mw = if F == 2 {
+                _mm_cvtph_ps(_mm_cvtepi32_epi16(_mm_srli_epi32::<16>(heads)))
+            } else {
+                _mm_mul_ps(dw, _mm_set1_ps(-bias))
+            };
+            let (lo, hi) = if F == 0 {
+                (
+                    _mm512_xor_si512(part(at), flip),
+                    _mm512_xor_si512(part(at + 16), flip),
+                )
+            } else {
+                let v = part(at);
+                (
+                    _mm512_and_si512(v, low4),
+                    _mm512_and_si512(_mm512_srli_epi16::<4>(v), low4),
+                )
+            };
+            for i in 0..R {
+                let q = x.q_row(r0 + i)[b * QB..].as_ptr();
+                // SAFETY: the quant rows hold whole groups of 4 blocks, the
+                // scale rows whole runs of 16
+                let (xl, xh, dx, sx) = unsafe {
+                    (
+                        _mm512_loadu_si512(q.cast()),
+                        _mm512_loadu_si512(q.add(64).cast()),
+                        _mm_loadu_ps(x.d_row(r0 + i)[b..].as_ptr()),
+                        _mm_loadu_ps(x.s_row(r0 + i)[b..].as_ptr()),
+                    )
+                };
+                let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xl);
+                let dot = _mm512_dpbusd_epi32(dot, hi, xh);
+                let sc = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_mul_ps(dw, dx)));
+                acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), sc, acc[i]);
+                off[i] = _mm_fmadd_ps(mw, sx, off[i]);
+            }
+        }
+        let mut out = [0f32; R];
+        for i in 0..R {
+            out[i] = _mm512_reduce_add_ps(acc[i]) + hsum128(off[i]);
+        }
+        out
+    }
+
+    /// The sum of the 4 lanes of `v`.
+    #[inline(always)]
+    fn hsum128(v: __m128) -> f32 {
+        // SAFETY: SSE3 is part of every target that runs these kernels
+        unsafe {
+            let v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+            _mm_cvtss_f32(_mm_add_ss(v, _mm_movehdup_ps(v)))
+        }
+    }
+
+    /// AVX2: as the AVX-512 kernel with two blocks per vector (`vpmaddubsw`
+    /// then `vpmaddwd` against ones). Q8_0 quants are used signed here
+    /// (`vpsignb`), since 255 · 127 · 2 overflows `vpmaddubsw`'s 16-bit sums.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn dot_avx2<const F: u8, const R: usize>(
+        row: &[u8],
+        x: &QuantizedRows,
+        r0: usize,
+    ) -> [f32; R] {
+        const RUN: usize = 8;
+        let (bb, at, _) = layout_of(F);
+        let nb = x.nb;
+        let row = &row[..nb * bb];
+        let mut acc = [_mm256_setzero_ps(); R];
+        let mut off = [_mm256_setzero_ps(); R];
+        let low4 = _mm256_set1_epi8(15);
+        let ones = _mm256_set1_epi16(1);
+        let mut buf = [0u8; GB * 34];
+        for run in 0..nb.div_ceil(RUN) {
+            let b0 = run * RUN;
+            let live = (nb - b0).min(RUN);
+            let (d, mut m) = scales::<F, RUN>(row, b0);
+            if F == 0 {
+                m = [0.0; RUN];
+            }
+            // SAFETY: `d` and `m` are arrays of 8
+            let (dw, mw) = unsafe { (_mm256_loadu_ps(d.as_ptr()), _mm256_loadu_ps(m.as_ptr())) };
+            let mut sc = [_mm256_setzero_ps(); R];
+            for i in 0..R {
+                // SAFETY: the scale rows hold whole runs of SB >= 8 blocks
+                let (dx, sx) = unsafe {
+                    (
+                        _mm256_loadu_ps(x.d_row(r0 + i)[b0..].as_ptr()),
+                        _mm256_loadu_ps(x.s_row(r0 + i)[b0..].as_ptr()),
+                    )
+                };
+                sc[i] = _mm256_mul_ps(dw, dx);
+                off[i] = _mm256_fmadd_ps(mw, sx, off[i]);
+            }
+            for pair in 0..live.div_ceil(2) {
+                let b = b0 + 2 * pair;
+                let p = blocks_at(row, bb, b, 2, &mut buf);
+                // SAFETY: `p` points at 2 whole blocks
+                let (lo, hi) = unsafe {
+                    let part =
+                        |o: usize| _mm256_loadu2_m128i(p.add(o + bb).cast(), p.add(o).cast());
+                    if F == 0 {
+                        (part(at), part(at + 16))
+                    } else {
+                        let v = part(at);
+                        (
+                            _mm256_and_si256(v, low4),
+                            _mm256_and_si256(_mm256_srli_epi16::<4>(v), low4),
+                        )
+                    }
+                };
+                let pick = _mm256_setr_epi32(
+                    2 * pair as i32,
+                    2 * pair as i32,
+                    2 * pair as i32,
+                    2 * pair as i32,
+                    2 * pair as i32 + 1,
+                    2 * pair as i32 + 1,
+                    2 * pair as i32 + 1,
+                    2 * pair as i32 + 1,
+                );
+                // blocks b and b + 1 sit in the same group, at half b % 4 / 2
+                let q_at = (b / GB) * GB * QB + (b % GB) * 16;
+                for i in 0..R {
+                    let q = x.q_row(r0 + i)[q_at..].as_ptr();
+                    // SAFETY: the quant rows hold whole groups of 4 blocks
+                    let (xl, xh) = unsafe {
+                        (
+                            _mm256_loadu_si256(q.cast()),
+                            _mm256_loadu_si256(q.add(GB * 16).cast()),
+                        )
+                    };
+                    let dot = if F == 0 {
+                        let l = _mm256_maddubs_epi16(_mm256_abs_epi8(lo), _mm256_sign_epi8(xl, lo));
+                        let h = _mm256_maddubs_epi16(_mm256_abs_epi8(hi), _mm256_sign_epi8(xh, hi));
+                        _mm256_add_epi32(_mm256_madd_epi16(l, ones), _mm256_madd_epi16(h, ones))
+                    } else {
+                        // at most 4 · 15 · 127 per 16-bit lane
+                        let s = _mm256_add_epi16(
+                            _mm256_maddubs_epi16(lo, xl),
+                            _mm256_maddubs_epi16(hi, xh),
+                        );
+                        _mm256_madd_epi16(s, ones)
+                    };
+                    let s = _mm256_permutevar8x32_ps(sc[i], pick);
+                    acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), s, acc[i]);
+                }
+            }
+        }
+        let mut out = [0f32; R];
+        for i in 0..R {
+            let v = _mm256_add_ps(acc[i], off[i]);
+            let v = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+            let v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+            let v = _mm_add_ss(v, _mm_movehdup_ps(v));
+            out[i] = _mm_cvtss_f32(v);
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+    use rand_distr::StandardNormal;
+
+    fn gaussian(n: usize, seed: u64) -> Vec<f32> {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        (0..n).map(|_| rng.sample(StandardNormal)).collect()
+    }
+
+    fn quantize(format: QuantFormat, v: &[f32]) -> Vec<u8> {
+        match format {
+            QuantFormat::Q8_0 => crate::quant::quantize_q8_0(v),
+            QuantFormat::Q4_0 => crate::quant::quantize_q4_0(v),
+            _ => crate::quant::quantize_q4_1(v),
+        }
+    }
+
+    /// ‖a - b‖ / ‖b‖
+    fn rel_err(a: &[f32], b: &[f32]) -> f64 {
+        let num: f64 = a.iter().zip(b).map(|(x, y)| f64::from(x - y).powi(2)).sum();
+        let den: f64 = b.iter().map(|y| f64::from(*y).powi(2)).sum();
+        (num / den.max(1e-30)).sqrt()
+    }
+
+    /// x as the kernels see it: the quants times their block's scale.
+    fn dequantized(x: &QuantizedRows, rows: usize) -> Vec<f32> {
+        let k = x.nb * QB;
+        (0..rows * k)
+            .map(|t| {
+                let (r, i) = (t / k, t % k);
+                f32::from(x.q_row(r)[q_index(i / QB, i % QB)]) * x.d_row(r)[i / QB]
+            })
+            .collect()
+    }
+
+    /// `a @ bᵀ` in f64, transposed: `[n, m]` for `a` `[m, k]`, `b` `[n, k]`.
+    fn product_t(a: &[f32], b: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {
+        (0..n * m)
+            .map(|t| {
+                let (j, r) = (t / m, t % m);
+                (0..k)
+                    .map(|i| f64::from(b[j * k + i]) * f64::from(a[r * k + i]))
+                    .sum::<f64>() as f32
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_path_matches_the_scalar_kernel_and_the_f32_product() {
+        let formats = [QuantFormat::Q8_0, QuantFormat::Q4_0, QuantFormat::Q4_1];
+        let shapes = [
+            (1, 1),
+            (1, 7),
+            (2, 5),
+            (3, 3),
+            (4, 9),
+            (5, 2),
+            (7, 3),
+            (8, 1),
+            (9, 11),
+            (17, 4),
+            (33, 13),
+        ];
+        for &k in &[32, 64, 96, 160, 544, 2048 + 32] {
+            for format in formats {
+                // the 8-bit activations' error, over all shapes of this k
+                let (mut all_got, mut all_want) = (Vec::new(), Vec::new());
+                for &(m, n) in &shapes {
+                    let xs = gaussian(m * k, (k * 131 + m) as u64);
+                    let ws = gaussian(n * k, (k * 7 + n) as u64 + 99);
+                    let xq = QuantizedRows::new(Path::Scalar, &xs, m, k);
+                    let wb = quantize(format, &ws);
+                    let wf = crate::quant::dequantize(format, &wb);
+                    let rb = format.bytes_for(k);
+                    let mut reference = vec![0f32; n * m];
+                    dot_rows(Path::Scalar, format, &wb, 0, rb, &xq, m, &mut reference);
+                    // the kernel itself is exact up to f32 rounding
+                    let exact = product_t(&dequantized(&xq, m), &wf, m, n, k);
+                    let e = rel_err(&reference, &exact);
+                    assert!(e < 1e-5, "{format} scalar k {k} m {m} n {n}: {e}");
+                    for path in Path::available() {
+                        let mut got = vec![0f32; n * m];
+                        dot_rows(path, format, &wb, 0, rb, &xq, m, &mut got);
+                        let e = rel_err(&got, &reference);
+                        assert!(
+                            e < 1e-5,
+                            "{format} {path:?} k {k} m {m} n {n}: {e} against scalar"
+                        );
+                    }
+                    all_want.extend(product_t(&xs, &wf, m, n, k));
+                    all_got.extend(reference);
+                }
+                let e = rel_err(&all_got, &all_want);
+                assert!(e < 1e-2, "{format} k {k}: {e} against the f32 product");
+            }
+        }
+    }
+
+    #[test]
+    fn bytes_read_past_a_row_are_ignored() {
+        // 3 blocks per row: the last group of 4 reads into the next row,
+        // whose scales here are NaN
+        let k = 96;
+        let xs = gaussian(2 * k, 3);
+        let xq = QuantizedRows::new(Path::Scalar, &xs, 2, k);
+        for format in [QuantFormat::Q8_0, QuantFormat::Q4_0, QuantFormat::Q4_1] {
+            let mut wb = quantize(format, &gaussian(2 * k, 4));
+            let (rb, bb) = (format.bytes_for(k), format.block_bytes());
+            for blk in wb[rb..].chunks_exact_mut(bb) {
+                blk[..4].copy_from_slice(&[0x00, 0x7e, 0x00, 0x7e]);
+            }
+            let mut want = vec![0f32; 2];
+            dot_rows(Path::Scalar, format, &wb[..rb], 0, rb, &xq, 2, &mut want);
+            for path in Path::available() {
+                let mut got = vec![0f32; 2];
+                dot_rows(path, format, &wb, 0, rb, &xq, 2, &mut got);
+                assert!(
+                    rel_err(&got, &want) < 1e-5,
+                    "{format} {path:?}: {got:?} vs {want:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn zero_and_constant_rows() {
+        let k = 96;
+        let xs: Vec<f32> = (0..2 * k).map(|i| if i < k { 0.0 } else { 1.5 }).collect();
+        let ws = gaussian(3 * k, 5);
+        let xq = QuantizedRows::new(Path::Scalar, &xs, 2, k);
+        for format in [QuantFormat::Q8_0, QuantFormat::Q4_0, QuantFormat::Q4_1] {
+            let wb = quantize(format, &ws);
+            let wf = crate::quant::dequantize(format, &wb);
+            for path in Path::available() {
+                let mut got = vec![0f32; 6];
+                dot_rows(path, format, &wb, 0, format.bytes_for(k), &xq, 2, &mut got);
+                for j in 0..3 {
+                    assert_eq!(got[2 * j], 0.0, "{format} {path:?}");
+                    let want: f32 = wf[j * k..(j + 1) * k].iter().map(|w| w * 1.5).sum();
+                    assert!((got[2 * j + 1] - want).abs() <= 1e-3 * want.abs().max(1.0));
+                }
+            }
+        }
+    }
+}
