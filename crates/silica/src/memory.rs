@@ -48,6 +48,20 @@ pub(crate) struct MemoryPool {
     bind_groups: Mutex<HashMap<Vec<wgpu::Buffer>, wgpu::BindGroup>>,
 }
 
+/// Bind group entries of whole tensor buffers at bindings 1.., in order
+/// (binding 0 is the parameter block's, where a kernel has one).
+pub(crate) fn tensor_entries<'a>(
+    buffers: impl Iterator<Item = &'a wgpu::Buffer>,
+) -> Vec<wgpu::BindGroupEntry<'a>> {
+    buffers
+        .enumerate()
+        .map(|(i, b)| wgpu::BindGroupEntry {
+            binding: i as u32 + 1,
+            resource: b.as_entire_binding(),
+        })
+        .collect()
+}
+
 /// Bind groups kept at most; past it the cache starts again empty. A decoded
 /// token of a Llama model binds a few hundred distinct buffer lists.
 const BIND_GROUPS_KEPT: usize = 4096;
@@ -101,7 +115,8 @@ impl MemoryPool {
         }
     }
 
-    /// A bind group of `buffers`, whole, at bindings 1.. of `layout` (binding
+    /// A bind group of `inputs` then `output`, whole, at bindings 1.. of
+    /// `layout` (binding
     /// 0 is the parameter block's, which a kernel reading its parameters
     /// from immediates does not have; every caller passes the layout that
     /// belongs to the list's length). Kernels
@@ -112,25 +127,20 @@ impl MemoryPool {
         &self,
         layout: &wgpu::BindGroupLayout,
         label: &str,
-        buffers: &[&wgpu::Buffer],
+        inputs: &[&wgpu::Buffer],
+        output: &wgpu::Buffer,
     ) -> wgpu::BindGroup {
-        let key: Vec<wgpu::Buffer> = buffers.iter().map(|&b| b.clone()).collect();
+        let mut key: Vec<wgpu::Buffer> = Vec::with_capacity(inputs.len() + 1);
+        key.extend(inputs.iter().map(|&b| b.clone()));
+        key.push(output.clone());
         let mut cache = self.bind_groups.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(g) = cache.get(&key) {
             return g.clone();
         }
-        let entries: Vec<wgpu::BindGroupEntry> = buffers
-            .iter()
-            .enumerate()
-            .map(|(i, b)| wgpu::BindGroupEntry {
-                binding: i as u32 + 1,
-                resource: b.as_entire_binding(),
-            })
-            .collect();
         let group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some(label),
             layout,
-            entries: &entries,
+            entries: &tensor_entries(key.iter()),
         });
         if cache.len() >= BIND_GROUPS_KEPT {
             cache.clear();

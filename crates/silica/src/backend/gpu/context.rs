@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
-use crate::memory::{GpuBuffer, MemoryPool};
+use crate::memory::{GpuBuffer, MemoryPool, tensor_entries};
 use crate::{DeviceInfo, Error, Result};
 
 /// Threads per workgroup of the one-dimensional kernels.
@@ -846,10 +846,7 @@ impl Context {
         debug_assert!(params.len() <= 256 && params.len().is_multiple_of(4));
         let (bind_group, immediates) = if immediates {
             // bindings 1..: the tensors; the parameters travel as immediates
-            let mut buffers: Vec<&wgpu::Buffer> = Vec::with_capacity(inputs.len() + 1);
-            buffers.extend_from_slice(inputs);
-            buffers.push(output);
-            let group = self.pool.bind_group(&bgl, kernel.name, &buffers);
+            let group = self.pool.bind_group(&bgl, kernel.name, inputs, output);
             (group, Some(params))
         } else {
             (
@@ -916,16 +913,9 @@ impl Context {
                 size: wgpu::BufferSize::new(params.len() as u64),
             }),
         }];
-        for (i, b) in inputs.iter().enumerate() {
-            entries.push(wgpu::BindGroupEntry {
-                binding: i as u32 + 1,
-                resource: b.as_entire_binding(),
-            });
-        }
-        entries.push(wgpu::BindGroupEntry {
-            binding: inputs.len() as u32 + 1,
-            resource: output.as_entire_binding(),
-        });
+        entries.extend(tensor_entries(
+            inputs.iter().copied().chain(std::iter::once(output)),
+        ));
         Ok(self.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some(kernel.name),
             layout: bgl,

@@ -125,7 +125,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
                 let xr = p.off_x + r * p.k + gi * 32u;
                 xs[2u * r] = x4(xr + ko.x) * gl;
                 xs[2u * r + 1u] = x4(xr + ko.y) * gh;
-                xsum[r] = dot(xs[2u * r] + xs[2u * r + 1u], vec4<f32>(1.0));
+                if has_biased() {
+                    xsum[r] = dot(xs[2u * r] + xs[2u * r + 1u], vec4<f32>(1.0));
+                }
             }
             for (var c = 0u; c < R; c++) {
                 // the weight row of accumulator c: with SWIGLU the first
