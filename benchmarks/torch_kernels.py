@@ -34,6 +34,18 @@ def build(kind, dtype, dev):
         # with a dense weight of the compute dtype
         a, w = rnd(kind["m"], kind["k"]), rnd(kind["n"], kind["k"])
         return lambda: F.linear(a, w)
+    if op == "QChain":
+        # a chain of products through distinct dense weights, per product
+        n, layers = kind["n"], kind["layers"]
+        x, ws = rnd(1, n), [rnd(n, n) * n**-0.5 for _ in range(layers)]
+
+        def chain():
+            y = x
+            for w in ws:
+                y = F.linear(y, w)
+            return y
+
+        return chain
     if op == "Matmul":
         a, b = rnd(kind["m"], kind["k"]), rnd(kind["k"], kind["n"])
         return lambda: a @ b
@@ -149,7 +161,7 @@ def main():
                   f"{r['latency_s'] * 1e6:.1f}us vs torch {lat * 1e6:.1f}us")
             continue
         f = build(r["kind"], dtype, dev)
-        t = timed(f, dev, args.seconds)
+        t = timed(f, dev, args.seconds) / r["kind"].get("layers", 1)
         del f
         if dev.type == "cuda":
             torch.cuda.empty_cache()

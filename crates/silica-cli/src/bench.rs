@@ -66,6 +66,15 @@ enum Kind {
         n: usize,
         k: usize,
     },
+    /// `layers` products `x ← x @ w_iᵀ` in a row, one vector x and square
+    /// quantized weights [n, n], each its own matrix: the weights are read
+    /// cold (more bytes than a GPU's cache) and each product waits for the
+    /// one before, as in decode. Times are per product.
+    QChain {
+        format: QuantFormat,
+        n: usize,
+        layers: usize,
+    },
     /// `a [m, k] @ b [k, n]`.
     Matmul {
         m: usize,
@@ -165,6 +174,15 @@ fn cases(large: bool, cpu: bool) -> Vec<Case> {
             }
         }
     }
+    if !cpu {
+        for format in [QuantFormat::Q4_0, QuantFormat::Q8_0] {
+            let (n, layers) = (2048, 64);
+            push(
+                format!("qlinear {format} 1b decode chain of {layers} 1x{n}x{n}"),
+                Kind::QChain { format, n, layers },
+            );
+        }
+    }
     let mut squares = vec![1024];
     if !cpu || large {
         squares.push(4096);
@@ -249,6 +267,22 @@ fn build(kind: &Kind, dtype: DType, dev: &Device) -> silica::Result<(Runner, f64
             let flops = 2.0 * (m * n * k) as f64;
             let bytes = w.size_in_bytes() as f64 + es * (m * k + m * n) as f64;
             (Box::new(move || x.matmul_q(&w)), flops, bytes)
+        }
+        Kind::QChain { format, n, layers } => {
+            let x = rnd(&[1, n], 1)?;
+            let ws = (0..layers)
+                .map(|i| QTensor::random(format, &[n, n], 2 + i as u64, dev))
+                .collect::<silica::Result<Vec<_>>>()?;
+            let bytes: f64 = ws.iter().map(|w| w.size_in_bytes() as f64).sum();
+            let run = move || {
+                let mut y = x.clone();
+                for w in &ws {
+                    y = y.matmul_q(w)?;
+                }
+                Ok(y)
+            };
+            let flops = 2.0 * (n * n * layers) as f64;
+            (Box::new(run), flops, bytes)
         }
         Kind::Softmax { rows, n } => {
             let x = rnd(&[rows, n], 1)?;
@@ -401,8 +435,17 @@ fn small_ops(dev: &Device, dtype: DType) -> silica::Result<SmallOps> {
     let one = Tensor::ones(&[1024], dtype, dev)?;
     let chain = || -> silica::Result<Tensor> {
         let mut y = x.clone();
-        for _ in 0..1000 {
-            y = y.add(&one)?;
+        let alt: usize = std::env::var("SILICA_ALT")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1);
+        for i in 0..1000 {
+            y = match i % alt {
+                0 => y.add(&one)?,
+                1 => y.mul(&one)?,
+                2 => y.sub(&one)?,
+                _ => y.div(&one)?,
+            };
         }
         Ok(y)
     };
@@ -496,8 +539,17 @@ pub fn run(args: &BenchArgs) -> Result<(), CliError> {
             continue;
         }
         let (runner, flops, bytes) = build(&case.kind, dtype, &dev)?;
-        let t = time(&runner, &dev, args.seconds)?;
+        let mut t = time(&runner, &dev, args.seconds)?;
         drop(runner);
+        // a chain's figures are per product
+        if let Kind::QChain { layers, .. } = case.kind {
+            t.wall /= layers as f64;
+            t.gpu = t.gpu.map(|g| g / layers as f64);
+        }
+        let (flops, bytes) = match case.kind {
+            Kind::QChain { layers, .. } => (flops / layers as f64, bytes / layers as f64),
+            _ => (flops, bytes),
+        };
         let secs = t.secs();
         let gflops = flops / secs / 1e9;
         let gbs = bytes / secs / 1e9;

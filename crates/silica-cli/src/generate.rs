@@ -79,6 +79,12 @@ pub struct GenerateArgs {
     /// Profiling slows decoding: the speed to quote is the one without it.
     #[arg(long)]
     profile: bool,
+    /// With --profile: time each submitted batch of kernels as a whole
+    /// instead of each kernel. The marks around every kernel cost GPU time
+    /// of their own, so the per-kernel table overstates how long the GPU is
+    /// busy per token; this gives that figure, gaps between kernels included.
+    #[arg(long, requires = "profile")]
+    profile_batches: bool,
 }
 
 fn parse_count(s: &str) -> Result<usize, String> {
@@ -227,6 +233,9 @@ pub fn run(args: &GenerateArgs) -> Result<(), CliError> {
     let profiling = profile && device.info().timestamps;
     if profile {
         device.set_profiling(false);
+        if let Device::Gpu(g) = &device {
+            g.set_profile_batches(args.profile_batches);
+        }
         if !profiling {
             eprintln!(
                 "silica: --profile needs a GPU with timestamp queries; {device} has none, nothing is profiled"
@@ -334,8 +343,15 @@ fn print_profile(device: &Device, steps: usize, wall: Duration) {
     let dispatches: u64 = report.iter().map(|k| k.dispatches).sum();
     let us = |s: f64| s / n * 1e6;
     let share = |s: f64| if busy > 0.0 { 100.0 * s / busy } else { 0.0 };
+    // --profile-batches: one entry, whole submitted batches
+    let batches = report.iter().any(|k| k.name == "(batches)");
+    let marks = if batches {
+        "every submitted batch"
+    } else {
+        "every kernel"
+    };
     eprintln!(
-        "\nGPU profile of the decode on {device}: {steps} steps, timestamps around every kernel; per token:"
+        "\nGPU profile of the decode on {device}: {steps} steps, timestamps around {marks}; per token:"
     );
     eprintln!(
         "{:<28} {:>11} {:>12} {:>7}",
@@ -380,7 +396,8 @@ fn print_profile(device: &Device, steps: usize, wall: Duration) {
         us((wall - busy).max(0.0))
     );
     eprintln!(
-        "dispatches         {:>10.1} per token",
+        "{}         {:>10.1} per token",
+        if batches { "batches   " } else { "dispatches" },
         dispatches as f64 / n
     );
     eprintln!(

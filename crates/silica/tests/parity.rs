@@ -256,6 +256,28 @@ fn reduce_cases(cases: &mut Vec<Case>) {
                 }
             }
         }
+        // rows long enough for the GPU's two passes (chunks of 4,096, the
+        // last one partial), contiguous and strided (a reduction over dim 0)
+        let long: [(&[usize], isize); 3] =
+            [(&[2, 20_000], -1), (&[1, 40_961], -1), (&[16_390, 3], 0)];
+        for dtype in DType::FLOATS {
+            for kind in KINDS {
+                for (shape, dim) in long {
+                    let name = format!(
+                        "{} {dtype} {kind:?} {shape:?} dim {dim} (long rows)",
+                        op.name()
+                    );
+                    let t = if matches!(op, silica::ReduceOp::Sum | silica::ReduceOp::Mean) {
+                        accumulating(dtype)
+                    } else {
+                        tol(dtype)
+                    };
+                    case(cases, name, t, move |d| {
+                        input(kind, shape, dtype, 11, d)?.reduce(op, dim, false)
+                    });
+                }
+            }
+        }
         let name = format!("{} over an empty dimension", op.name());
         if matches!(op, silica::ReduceOp::Sum | silica::ReduceOp::Mean) {
             case(cases, name, tol(DType::F32), move |d| {

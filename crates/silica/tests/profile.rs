@@ -130,6 +130,24 @@ fn profile_on_every_gpu() {
         gpu.profile_per_pass_for_testing(true);
         check_profile(&dev, &a, &b, &w, "a pass per dispatch");
         gpu.profile_per_pass_for_testing(false);
+        // per batch: one entry, the six kernels in one batch (the wait
+        // submits them together), no longer than the sum of its kernels'
+        // own intervals plus the gaps, so only bounded loosely
+        gpu.set_profile_batches(true);
+        dev.reset_profile();
+        assert!(dev.set_profiling(true));
+        run_ops(&dev, &a, &b, &w).unwrap();
+        let report = dev.profile_report();
+        assert_eq!(report.len(), 1, "{dev} (batches): {report:?}");
+        assert_eq!(report[0].name, "(batches)");
+        assert!(report[0].dispatches >= 1, "{report:?}");
+        assert!(
+            report[0].seconds > 0.0 && report[0].seconds < 10.0,
+            "{report:?}"
+        );
+        dev.set_profiling(false);
+        gpu.set_profile_batches(false);
+        dev.reset_profile();
         // results are the same with profiling on
         let run = || {
             a.add(&b)

@@ -89,6 +89,9 @@ struct Pending {
     timed: Vec<(&'static str, [u32; 3])>,
 }
 
+/// The profile's name for the time of whole batches (per-batch timing).
+pub(crate) const BATCH: &str = "(batches)";
+
 /// How profiling mode puts timestamps around a dispatch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Timing {
@@ -150,6 +153,8 @@ pub(crate) struct Context {
     /// Test hook: time with a compute pass per dispatch even where
     /// timestamps inside passes are available.
     per_pass: AtomicBool,
+    /// Profiling mode times whole batches instead of dispatches.
+    per_batch: AtomicBool,
     /// The profiling query set: two timestamps per dispatch of a batch.
     queries: OnceLock<wgpu::QuerySet>,
     profile: Mutex<ProfileMap>,
@@ -283,6 +288,7 @@ impl Context {
             profiling: AtomicBool::new(false),
             timing,
             per_pass: AtomicBool::new(false),
+            per_batch: AtomicBool::new(false),
             queries: OnceLock::new(),
             profile: Mutex::new(BTreeMap::new()),
         })
@@ -362,6 +368,12 @@ impl Context {
         p.slot = 0;
         p.dispatches = 0;
         let timed = std::mem::take(&mut p.timed);
+        if timed.first().is_some_and(|t| t.0 == BATCH) {
+            // per-batch timing: the end mark, after all of the batch's work
+            if let Some(enc) = p.encoder.as_mut() {
+                self.mark_in(enc, 1);
+            }
+        }
         if let Some(mut enc) = p.encoder.take() {
             let readback =
                 (!timed.is_empty()).then(|| self.resolve_timestamps(&mut enc, timed.len()));
@@ -394,6 +406,12 @@ impl Context {
     /// where timestamps inside passes are available.
     pub fn set_profile_per_pass(&self, on: bool) {
         self.per_pass.store(on, Ordering::Relaxed);
+    }
+
+    /// Profiling mode times each submitted batch as a whole (see
+    /// `GpuDevice::set_profile_batches`).
+    pub fn set_profile_batches(&self, on: bool) {
+        self.per_batch.store(on, Ordering::Relaxed);
     }
 
     pub fn reset_profile(&self) {
@@ -562,6 +580,19 @@ impl Context {
         let ticks: &[u64] = bytemuck::cast_slice(&bytes);
         let period_ns = f64::from(self.queue.get_timestamp_period());
         Ok(ticks[1].saturating_sub(ticks[0]) as f64 * period_ns * 1e-9)
+    }
+
+    /// Records into `enc` an empty compute pass that writes timestamp
+    /// `index` of the profiling query set at its end.
+    fn mark_in(&self, enc: &mut wgpu::CommandEncoder, index: u32) {
+        drop(enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some("silica timestamp"),
+            timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
+                query_set: self.query_set(),
+                beginning_of_pass_write_index: None,
+                end_of_pass_write_index: Some(index),
+            }),
+        }));
     }
 
     /// Records an empty compute pass that writes timestamp `index` of `set`
@@ -855,7 +886,29 @@ impl Context {
             )
         };
         // profiling mode: the one cost when off is this load
-        if self.profiling.load(Ordering::Relaxed) {
+        if self.profiling.load(Ordering::Relaxed) && std::env::var("SILICA_PROFILE_BATCHES").is_ok()
+        {
+            // EXPERIMENT: one interval per batch
+            if p.timed.is_empty() {
+                p.timed.push(("batch", [0, 0, 0]));
+                p.pass = None;
+                let set = self.query_set();
+                let enc = p.encoder.get_or_insert_with(|| {
+                    self.device
+                        .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None })
+                });
+                drop(enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: None,
+                    timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
+                        query_set: set,
+                        beginning_of_pass_write_index: None,
+                        end_of_pass_write_index: Some(0),
+                    }),
+                }));
+            }
+            let pass = self.shared_pass(p);
+            encode(pass, &pipeline, &bind_group, immediates, groups);
+        } else if self.profiling.load(Ordering::Relaxed) {
             self.record_timed(p, kernel.name, &pipeline, &bind_group, immediates, groups);
         } else {
             let pass = self.shared_pass(p);

@@ -152,6 +152,18 @@ impl GpuDevice {
         self.ctx.reset_profile();
     }
 
+    /// In profiling mode, time each submitted batch of dispatches as a
+    /// whole instead of each dispatch: the report then has one entry,
+    /// `(batches)`, the GPU time from the start of each batch's first
+    /// kernel to the end of its last, gaps between kernels included. Marks
+    /// around every kernel cost time of their own (several µs per kernel
+    /// on an H100), so their sum overstates how long a stream of small
+    /// kernels keeps the GPU busy; this is the figure to set beside the
+    /// wall-clock time.
+    pub fn set_profile_batches(&self, on: bool) {
+        self.ctx.set_profile_batches(on);
+    }
+
     /// Test hook: in profiling mode, time each dispatch with a compute pass
     /// of its own even where timestamps inside passes are available.
     #[doc(hidden)]

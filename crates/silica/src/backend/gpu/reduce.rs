@@ -52,6 +52,14 @@ fn row_params(x: &Tensor) -> Result<(usize, Vec<u8>)> {
     Ok((rows, params(&header, &arrays)))
 }
 
+/// Rows at least this long are reduced in two passes when there are few
+/// of them (one workgroup per row would leave most of a GPU idle: an
+/// argmax over a 128,256-token vocabulary took 110 µs on an H100 in one
+/// workgroup).
+const SPLIT_MIN: usize = 16_384;
+/// Elements per workgroup in the first of two passes.
+const CHUNK: usize = 4_096;
+
 pub(crate) fn reduce(
     ctx: &Context,
     op: ReduceOp,
@@ -59,20 +67,53 @@ pub(crate) fn reduce(
     out: &GpuBuffer,
     out_dtype: DType,
 ) -> Result<()> {
-    let (rows, bytes) = row_params(x)?;
+    let (rows, header, arrays) = row_layout(x)?;
+    let n = x.shape().last().copied().unwrap_or(1);
     let units = match out_dtype {
         DType::F16 | DType::BF16 => rows.div_ceil(2),
         _ => rows,
     };
-    ctx.dispatch(
-        &REDUCE,
-        &[
+    let constants = |phase: u32| {
+        [
             ("OP", op as u32 as f64),
             ("SRC_DT", x.dtype().gpu_code() as f64),
             ("OUT_DT", out_dtype.gpu_code() as f64),
-        ],
+            ("PHASE", phase as f64),
+        ]
+    };
+    if n < SPLIT_MIN || rows > 256 {
+        return ctx.dispatch(
+            &REDUCE,
+            &constants(0),
+            &params(&header, &arrays),
+            &[buffer(x)],
+            out.raw(),
+            ctx.grid(to_u32(units, "row count")?),
+        );
+    }
+    // pass 1: a (value, index) pair per chunk of each row
+    let parts = n.div_ceil(CHUNK);
+    let header = {
+        let mut h = header.to_vec();
+        h.extend([to_u32(CHUNK, "chunk")?, to_u32(parts, "chunk count")?]);
+        h
+    };
+    let bytes = params(&header, &arrays);
+    let pairs = ctx.pool.alloc((rows * parts * 8) as u64)?;
+    ctx.dispatch(
+        &REDUCE,
+        &constants(1),
         &bytes,
         &[buffer(x)],
+        pairs.raw(),
+        ctx.grid(to_u32(rows * parts, "workgroup count")?),
+    )?;
+    // pass 2: the pairs of each row
+    ctx.dispatch(
+        &REDUCE,
+        &constants(2),
+        &bytes,
+        &[pairs.raw()],
         out.raw(),
         ctx.grid(to_u32(units, "row count")?),
     )
@@ -108,10 +149,17 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
     for dt in [0.0, 1.0, 2.0] {
         for op in 0..6 {
             let o = if op >= 4 { 3.0 } else { dt };
-            out.push((
-                &REDUCE,
-                vec![("OP", op as f64), ("SRC_DT", dt), ("OUT_DT", o)],
-            ));
+            for phase in 0..3 {
+                out.push((
+                    &REDUCE,
+                    vec![
+                        ("OP", op as f64),
+                        ("SRC_DT", dt),
+                        ("OUT_DT", o),
+                        ("PHASE", phase as f64),
+                    ],
+                ));
+            }
         }
         for log in [0.0, 1.0] {
             for o in [dt, 0.0] {

@@ -4,6 +4,11 @@
 // offset + strided_offset(r, outer shape, outer strides), its elements are
 // `stride` apart. For 16-bit outputs a workgroup reduces two rows and
 // writes their shared word.
+//
+// Long rows go in two passes (PHASE): in pass 1 workgroup (c, r) reduces
+// chunk c (`chunk` elements) of row r and writes its value and index as a
+// pair of words to dst[r][c]; in pass 2 one workgroup per row reduces the
+// `parts` pairs of its row (src is then pass 1's output) as above.
 
 struct Params {
     rows: u32,
@@ -11,8 +16,9 @@ struct Params {
     rank: u32,
     offset: u32,
     stride: u32,
-    _pad0: u32,
-    _pad1: u32,
+    // elements per chunk in pass 1; chunks per row (pass 2's row length)
+    chunk: u32,
+    parts: u32,
     _pad2: u32,
     shape: array<vec4<u32>, 2>,
     strides: array<vec4<u32>, 2>,
@@ -25,6 +31,8 @@ struct Params {
 override OP: u32 = 0u;
 override SRC_DT: u32 = 0u;
 override OUT_DT: u32 = 0u;
+// 0 one pass, 1 partial results of chunks, 2 the rows of those partials
+override PHASE: u32 = 0u;
 
 const NO_INDEX: u32 = 0xffffffffu;
 
@@ -44,8 +52,9 @@ fn better(v: f32, i: u32, bv: f32, bi: u32) -> bool {
     return v < bv || ties;
 }
 
-fn reduce_row(r: u32, lid: u32) -> f32 {
-    let base = p.offset + strided_offset(r, p.rank, p.shape, p.strides);
+// The reduction of elements k0..k1 of row r: the value, and for the
+// index ops the index (NO_INDEX if none), both held by every thread.
+fn reduce_range(r: u32, lid: u32, k0: u32, k1: u32) -> vec2<u32> {
     var acc = 0.0;
     if OP == 2u || OP == 4u {
         acc = bitcast<f32>(0xff800000u); // -inf
@@ -53,13 +62,29 @@ fn reduce_row(r: u32, lid: u32) -> f32 {
         acc = bitcast<f32>(0x7f800000u); // +inf
     }
     var at = NO_INDEX;
-    for (var k = lid; k < p.n; k += WG) {
-        let v = load(base + k * p.stride);
-        if OP <= 1u {
-            acc += v;
-        } else if better(v, k, acc, at) {
-            acc = v;
-            at = k;
+    if PHASE == 2u {
+        // the pairs of pass 1: (value, index) of each chunk
+        let base = 2u * r * p.parts;
+        for (var j = lid; j < p.parts; j += WG) {
+            let v = bitcast<f32>(src[base + 2u * j]);
+            let i = src[base + 2u * j + 1u];
+            if OP <= 1u {
+                acc += v;
+            } else if better(v, i, acc, at) {
+                acc = v;
+                at = i;
+            }
+        }
+    } else {
+        let base = p.offset + strided_offset(r, p.rank, p.shape, p.strides);
+        for (var k = k0 + lid; k < k1; k += WG) {
+            let v = load(base + k * p.stride);
+            if OP <= 1u {
+                acc += v;
+            } else if better(v, k, acc, at) {
+                acc = v;
+                at = k;
+            }
         }
     }
     vals[lid] = acc;
@@ -76,15 +101,21 @@ fn reduce_row(r: u32, lid: u32) -> f32 {
         }
         workgroupBarrier();
     }
-    let total = vals[0];
-    let index = idxs[0];
+    let out = vec2<u32>(bitcast<u32>(vals[0]), idxs[0]);
     // the next row reuses the arrays
     workgroupBarrier();
+    return out;
+}
+
+// The result of row r as the op defines it.
+fn reduce_row(r: u32, lid: u32) -> f32 {
+    let red = reduce_range(r, lid, 0u, p.n);
+    let total = bitcast<f32>(red.x);
     if OP == 1u {
         return total / f32(p.n);
     }
     if OP >= 4u {
-        return f32(index);
+        return f32(red.y);
     }
     return total;
 }
@@ -92,6 +123,21 @@ fn reduce_row(r: u32, lid: u32) -> f32 {
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let g = group_index(wid, nwg);
+    if PHASE == 1u {
+        // workgroup g: chunk g % parts of row g / parts
+        let r = g / p.parts;
+        if r >= p.rows {
+            return;
+        }
+        let c = g % p.parts;
+        let k0 = c * p.chunk;
+        let red = reduce_range(r, lid, k0, min(k0 + p.chunk, p.n));
+        if lid == 0u {
+            dst[2u * g] = red.x;
+            dst[2u * g + 1u] = red.y;
+        }
+        return;
+    }
     if OUT_DT == 1u || OUT_DT == 2u {
         let r = 2u * g;
         if r >= p.rows {
