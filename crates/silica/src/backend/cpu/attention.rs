@@ -174,9 +174,9 @@ fn sum(v: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + t.iter().sum::<f32>()
 }
 
-/// `e^x` within 2 ulp for x ≤ 0 (as softmax needs; Cephes' polynomial on
-/// x - n ln 2), 0 below -87 (where f32 becomes subnormal), for -∞ and for
-/// NaN. Branch-free, so that loops over it vectorize.
+/// `e^x` within 2 ulp (Cephes' polynomial on x - n ln 2), 0 below -87
+/// (where f32 becomes subnormal), for -∞ and for NaN, +∞ above 88.
+/// Branch-free, so that loops over it vectorize.
 #[inline(always)]
 pub(super) fn exp(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
@@ -196,7 +196,8 @@ pub(super) fn exp(x: f32) -> f32 {
     let e = (p * r).mul_add(r, r) + 1.0;
     // 2^n: n in [-126, 127] here
     let two_n = f32::from_bits(((n as i32 + 127) as u32) << 23);
-    if live { e * two_n } else { 0.0 }
+    let e = if x > 88.0 { f32::INFINITY } else { e * two_n };
+    if live { e } else { 0.0 }
 }
 
 #[cfg(test)]
@@ -302,7 +303,7 @@ mod tests {
     fn exp_is_close_to_the_f64_exp() {
         let mut worst = 0f64;
         let mut x = -87.0f32;
-        while x <= 10.0 {
+        while x <= 88.0 {
             let want = f64::from(x).exp();
             let got = f64::from(exp(x));
             worst = worst.max(((got - want) / want).abs());
@@ -313,5 +314,8 @@ mod tests {
         assert_eq!(exp(f32::NEG_INFINITY), 0.0);
         assert_eq!(exp(-1000.0), 0.0);
         assert_eq!(exp(f32::NAN), 0.0);
+        assert_eq!(exp(f32::INFINITY), f32::INFINITY);
+        let big = f64::from(exp(88.0));
+        assert!((big / 88f64.exp() - 1.0).abs() < 3e-7);
     }
 }
