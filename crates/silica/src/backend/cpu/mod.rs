@@ -8,6 +8,7 @@ mod index;
 mod matmul;
 mod nn;
 mod qdot;
+mod qgemm;
 mod qmatmul;
 mod reduce;
 

@@ -22,9 +22,9 @@
 use crate::quant::{QuantFormat, f16_le};
 
 /// Values per block.
-const QB: usize = 32;
+pub(super) const QB: usize = 32;
 /// Blocks per group (the unit of the interleaved layout).
-const GB: usize = 4;
+pub(super) const GB: usize = 4;
 /// Blocks of scales handled at once by the kernels (scale arrays are padded
 /// to a multiple of it).
 const SB: usize = 16;
@@ -89,11 +89,11 @@ pub(crate) fn supports(format: QuantFormat) -> bool {
 /// doc for the layout). Blocks past the end of a row are zero.
 pub(crate) struct QuantizedRows {
     /// Blocks per row.
-    nb: usize,
+    pub(super) nb: usize,
     /// Quants per row: whole groups of 4 blocks.
     q_stride: usize,
     /// Scales per row: whole runs of [`SB`] blocks.
-    s_stride: usize,
+    pub(super) s_stride: usize,
     /// [rows, q_stride]
     q: Vec<i8>,
     /// [rows, s_stride] block scales
@@ -145,15 +145,15 @@ impl QuantizedRows {
         out
     }
 
-    fn q_row(&self, r: usize) -> &[i8] {
+    pub(super) fn q_row(&self, r: usize) -> &[i8] {
         &self.q[r * self.q_stride..(r + 1) * self.q_stride]
     }
 
-    fn d_row(&self, r: usize) -> &[f32] {
+    pub(super) fn d_row(&self, r: usize) -> &[f32] {
         &self.d[r * self.s_stride..(r + 1) * self.s_stride]
     }
 
-    fn s_row(&self, r: usize) -> &[f32] {
+    pub(super) fn s_row(&self, r: usize) -> &[f32] {
         &self.s[r * self.s_stride..(r + 1) * self.s_stride]
     }
 }
@@ -191,7 +191,7 @@ fn quantize_row(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32]) {
 
 /// Byte offset of the quants in a block of `format`, and the weight of the
 /// scale in the block's minimum (`mw = -bias * dw` unless the block stores it).
-const fn layout_of(f: u8) -> (usize, usize, f32) {
+pub(super) const fn layout_of(f: u8) -> (usize, usize, f32) {
     // (block bytes, offset of the quants, bias)
     match f {
         0 => (34, 2, 128.0),
@@ -202,7 +202,7 @@ const fn layout_of(f: u8) -> (usize, usize, f32) {
 
 /// `F` of the kernels: 0 = Q8_0, 1 = Q4_0, 2 = Q4_1 (the order of
 /// `QuantFormat::ALL`).
-fn code(format: QuantFormat) -> u8 {
+pub(super) fn code(format: QuantFormat) -> u8 {
     match format {
         QuantFormat::Q8_0 => 0,
         QuantFormat::Q4_0 => 1,
@@ -213,7 +213,7 @@ fn code(format: QuantFormat) -> u8 {
 /// The unsigned quants and the affine map `(dw, mw)` of block `blk`
 /// (`blk.len()` is the block size of format `F`).
 #[inline(always)]
-fn block_u8<const F: u8>(blk: &[u8]) -> ([u8; QB], f32, f32) {
+pub(super) fn block_u8<const F: u8>(blk: &[u8]) -> ([u8; QB], f32, f32) {
     let (_, at, bias) = layout_of(F);
     let d = f16_le(blk[0], blk[1]);
     let m = if F == 2 {
