@@ -47,11 +47,16 @@ impl Panel {
         }
     }
 
-    /// Decodes rows `j0..j0 + live` (`live <= NR`) of `w`, `nb` blocks each.
+    /// Decodes rows `j0..j0 + live` (`live <= NR`) of `w`, `nb` blocks
+    /// each. What lies past the `nb` blocks stays zero from `new`.
+    #[inline(always)]
     fn fill<const F: u8>(&mut self, w: &[u8], j0: usize, live: usize, row_bytes: usize, nb: usize) {
-        self.u.fill(0);
-        self.dw.fill(0.0);
-        self.mw.fill(0.0);
+        if live < NR {
+            // the rows past the matrix, which a previous fill may have set
+            self.u.fill(0);
+            self.dw.fill(0.0);
+            self.mw.fill(0.0);
+        }
         let bb = layout_of(F).0;
         for c in 0..live {
             let row = &w[(j0 + c) * row_bytes..][..nb * bb];
@@ -228,25 +233,27 @@ mod x86 {
         let spread = _mm512_srli_epi32::<2>(_mm512_setr_epi32(
             0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15,
         ));
-        let qs: [&[i8]; R] = std::array::from_fn(|i| x.q_row(r0 + i));
-        let ds: [&[f32]; R] = std::array::from_fn(|i| x.d_row(r0 + i));
+        let mut qs: [&[i8]; R] = [&[]; R];
+        let mut ds: [&[f32]; R] = [&[]; R];
+        for i in 0..R {
+            (qs[i], ds[i]) = (x.q_row(r0 + i), x.d_row(r0 + i));
+        }
         for g in 0..p.groups {
             let u = &p.u[g * NR * G..(g + 1) * NR * G];
             let dw = &p.dw[g * NR * 16..(g + 1) * NR * 16];
             // SAFETY (all loads below): the panel holds NR rows of whole
             // groups; the quant rows of x whole groups, its scale rows
             // whole runs of 16 blocks (so 4 g + 4 fits)
-            let (wl, wh, wd) = unsafe {
-                (
-                    std::array::from_fn::<_, NR, _>(|c| {
-                        _mm512_loadu_si512(u[c * G..].as_ptr().cast())
-                    }),
-                    std::array::from_fn::<_, NR, _>(|c| {
-                        _mm512_loadu_si512(u[c * G + G / 2..].as_ptr().cast())
-                    }),
-                    std::array::from_fn::<_, NR, _>(|c| _mm512_loadu_ps(dw[c * 16..].as_ptr())),
-                )
-            };
+            let mut wl = [_mm512_setzero_si512(); NR];
+            let mut wh = [_mm512_setzero_si512(); NR];
+            let mut wd = [_mm512_setzero_ps(); NR];
+            for c in 0..NR {
+                unsafe {
+                    wl[c] = _mm512_loadu_si512(u[c * G..].as_ptr().cast());
+                    wh[c] = _mm512_loadu_si512(u[c * G + G / 2..].as_ptr().cast());
+                    wd[c] = _mm512_loadu_ps(dw[c * 16..].as_ptr());
+                }
+            }
             for i in 0..R {
                 let (xl, xh, d4) = unsafe {
                     let q = qs[i][g * G..].as_ptr();
