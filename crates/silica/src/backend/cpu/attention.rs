@@ -192,7 +192,7 @@ pub(super) fn exp(x: f32) -> f32 {
     p = p.mul_add(r, 8.333_452e-3);
     p = p.mul_add(r, 4.166_579_6e-2);
     p = p.mul_add(r, 1.666_666_5e-1);
-    p = p.mul_add(r, 5.000_000_1e-1);
+    p = p.mul_add(r, 0.5);
     let e = (p * r).mul_add(r, r) + 1.0;
     // 2^n: n in [-126, 127] here
     let two_n = f32::from_bits(((n as i32 + 127) as u32) << 23);
