@@ -7,6 +7,10 @@
 //! weight rows across threads; the inner loops are written so that the
 //! compiler vectorizes them, and are compiled a second time for AVX2/FMA and
 //! AVX-512 where the processor has them (chosen at run time).
+//!
+//! With 8-bit activations (the default), Q4_0 / Q4_1 / Q8_0 take integer
+//! kernels instead: row dots (`qdot`) for fewer than `GEMM_MIN_M` rows of x,
+//! tiles over decoded panels of 4 weight rows (`qgemm`) from there on.
 
 use rayon::prelude::*;
 
