@@ -2,11 +2,13 @@
 //! reference the GPU kernels are tested against, so elementwise functions
 //! and accumulations are evaluated in f64 and rounded once.
 
+mod attention;
 mod elementwise;
 mod index;
 mod matmul;
 mod nn;
 mod qdot;
+mod qgemm;
 mod qmatmul;
 mod reduce;
 
@@ -49,7 +51,9 @@ thread_local! {
 /// On by default (faster decoding); the analogue of PyTorch's
 /// `allow_tf32`: speed by default, exactness on request. Each output may
 /// then differ from the exact product by up to `Σ |w| · amax(x) / 254`
-/// over the blocks of 32 (`amax(x)` the largest |x| of the block). Turn it
+/// over the blocks of 32 (`amax(x)` the largest |x| of the block). The
+/// same switch runs attention in f32 (a vectorized exponential, relative
+/// errors near 1e-6) instead of f64. Turn it
 /// off with [`set_cpu_int8_activations`]`(false)` or by starting the
 /// process with `SILICA_CPU_INT8=0` (read once, on first use), where the
 /// CPU serves as a reference, as the parity tests do. `SILICA_CHECK`

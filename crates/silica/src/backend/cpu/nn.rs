@@ -121,6 +121,8 @@ fn compact(t: &Tensor) -> (Vec<f32>, Vec<usize>) {
 }
 
 /// `inputs`: `[q, k, v]` or `[q, k, v, mask]`, rank 4 (see `Tensor::attention`).
+/// In f32 with the fast CPU path (`super::int8_now`), else in f64: the
+/// reference of the GPU kernels.
 pub fn attention(inputs: &[&Tensor], scale: f32, causal: bool, out: DType) -> CpuStorage {
     let (q, k, v) = (inputs[0], inputs[1], inputs[2]);
     let [b, tq, h, d] = [q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]];
@@ -129,6 +131,17 @@ pub fn attention(inputs: &[&Tensor], scale: f32, causal: bool, out: DType) -> Cp
     let (qs, ks, vs) = (values(q), values(k), values(v));
     let mask = inputs.get(3).map(|m| compact(m));
     let mut y = vec![0f32; b * tq * h * d];
+    if super::int8_now() {
+        let x = super::attention::Inputs {
+            q: &qs,
+            k: &ks,
+            v: &vs,
+            mask: mask.as_ref().map(|(m, ms)| (&m[..], &ms[..])),
+            dims: [b, tq, h, d, tk, kvh],
+        };
+        super::attention::attention_f32(&x, scale, causal, &mut y);
+        return CpuStorage::from_f32(y, out);
+    }
     // one output row per (batch, query, head), as the layout [B, Tq, H, D] orders them
     map_rows(&mut y, d, |row, o| {
         let (bi, i, hi) = (row / (tq * h), (row / h) % tq, row % h);

@@ -22,9 +22,9 @@
 use crate::quant::{QuantFormat, f16_le};
 
 /// Values per block.
-const QB: usize = 32;
+pub(super) const QB: usize = 32;
 /// Blocks per group (the unit of the interleaved layout).
-const GB: usize = 4;
+pub(super) const GB: usize = 4;
 /// Blocks of scales handled at once by the kernels (scale arrays are padded
 /// to a multiple of it).
 const SB: usize = 16;
@@ -89,11 +89,11 @@ pub(crate) fn supports(format: QuantFormat) -> bool {
 /// doc for the layout). Blocks past the end of a row are zero.
 pub(crate) struct QuantizedRows {
     /// Blocks per row.
-    nb: usize,
+    pub(super) nb: usize,
     /// Quants per row: whole groups of 4 blocks.
     q_stride: usize,
     /// Scales per row: whole runs of [`SB`] blocks.
-    s_stride: usize,
+    pub(super) s_stride: usize,
     /// [rows, q_stride]
     q: Vec<i8>,
     /// [rows, s_stride] block scales
@@ -145,15 +145,15 @@ impl QuantizedRows {
         out
     }
 
-    fn q_row(&self, r: usize) -> &[i8] {
+    pub(super) fn q_row(&self, r: usize) -> &[i8] {
         &self.q[r * self.q_stride..(r + 1) * self.q_stride]
     }
 
-    fn d_row(&self, r: usize) -> &[f32] {
+    pub(super) fn d_row(&self, r: usize) -> &[f32] {
         &self.d[r * self.s_stride..(r + 1) * self.s_stride]
     }
 
-    fn s_row(&self, r: usize) -> &[f32] {
+    pub(super) fn s_row(&self, r: usize) -> &[f32] {
         &self.s[r * self.s_stride..(r + 1) * self.s_stride]
     }
 }
@@ -191,7 +191,7 @@ fn quantize_row(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32]) {
 
 /// Byte offset of the quants in a block of `format`, and the weight of the
 /// scale in the block's minimum (`mw = -bias * dw` unless the block stores it).
-const fn layout_of(f: u8) -> (usize, usize, f32) {
+pub(super) const fn layout_of(f: u8) -> (usize, usize, f32) {
     // (block bytes, offset of the quants, bias)
     match f {
         0 => (34, 2, 128.0),
@@ -202,7 +202,7 @@ const fn layout_of(f: u8) -> (usize, usize, f32) {
 
 /// `F` of the kernels: 0 = Q8_0, 1 = Q4_0, 2 = Q4_1 (the order of
 /// `QuantFormat::ALL`).
-fn code(format: QuantFormat) -> u8 {
+pub(super) fn code(format: QuantFormat) -> u8 {
     match format {
         QuantFormat::Q8_0 => 0,
         QuantFormat::Q4_0 => 1,
@@ -213,7 +213,7 @@ fn code(format: QuantFormat) -> u8 {
 /// The unsigned quants and the affine map `(dw, mw)` of block `blk`
 /// (`blk.len()` is the block size of format `F`).
 #[inline(always)]
-fn block_u8<const F: u8>(blk: &[u8]) -> ([u8; QB], f32, f32) {
+pub(super) fn block_u8<const F: u8>(blk: &[u8]) -> ([u8; QB], f32, f32) {
     let (_, at, bias) = layout_of(F);
     let d = f16_le(blk[0], blk[1]);
     let m = if F == 2 {
@@ -420,6 +420,8 @@ mod x86 {
         super::quantize_row(x, q, d, s)
     }
 
+    /// As `quantize_row`, a block in two vectors: the conversion rounds
+    /// to nearest even (the default rounding mode), as the scalar code.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
     pub(super) unsafe fn quantize_row_avx512(
         x: &[f32],
@@ -427,7 +429,34 @@ mod x86 {
         d: &mut [f32],
         s: &mut [f32],
     ) {
-        super::quantize_row(x, q, d, s)
+        for (b, xb) in x.chunks_exact(QB).enumerate() {
+            // SAFETY: `xb` holds 32 values
+            let (lo, hi) = unsafe {
+                (
+                    _mm512_loadu_ps(xb.as_ptr()),
+                    _mm512_loadu_ps(xb.as_ptr().add(16)),
+                )
+            };
+            let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
+            let db = amax / 127.0;
+            let id = _mm512_set1_ps(if db > 0.0 { 1.0 / db } else { 0.0 });
+            let ql = _mm512_cvtps_epi32(_mm512_mul_ps(lo, id));
+            let qh = _mm512_cvtps_epi32(_mm512_mul_ps(hi, id));
+            let sum = _mm512_reduce_add_epi32(_mm512_add_epi32(ql, qh));
+            let g = (b / GB) * GB * QB + (b % GB) * 16;
+            let (ql, qh) = (_mm512_cvtsepi32_epi8(ql), _mm512_cvtsepi32_epi8(qh));
+            q[g..g + 16].copy_from_slice(&i8x16(ql));
+            q[g + GB * 16..g + GB * 16 + 16].copy_from_slice(&i8x16(qh));
+            d[b] = db;
+            s[b] = db * sum as f32;
+        }
+    }
+
+    /// The 16 bytes of `v`.
+    #[inline(always)]
+    fn i8x16(v: __m128i) -> [i8; 16] {
+        // SAFETY: both are 16 plain bytes
+        unsafe { std::mem::transmute(v) }
     }
 
     /// AVX-512: per group of 4 blocks, the low nibbles (or first 16 bytes)
@@ -744,6 +773,22 @@ mod tests {
                 }
                 let e = rel_err(&all_got, &all_want);
                 assert!(e < 1e-2, "{format} k {k}: {e} against the f32 product");
+            }
+        }
+    }
+
+    #[test]
+    fn every_path_quantizes_as_the_scalar_code() {
+        for &(rows, k) in &[(1, 32), (3, 96), (5, 544)] {
+            let mut xs = gaussian(rows * k, k as u64);
+            xs[..32].fill(0.0); // a zero block
+            xs[rows * k - 1] = 1e-30;
+            let want = QuantizedRows::new(Path::Scalar, &xs, rows, k);
+            for path in Path::available() {
+                let got = QuantizedRows::new(path, &xs, rows, k);
+                assert_eq!(got.q, want.q, "{path:?} {rows}x{k}");
+                assert_eq!(got.d, want.d, "{path:?} {rows}x{k}");
+                assert_eq!(got.s, want.s, "{path:?} {rows}x{k}");
             }
         }
     }

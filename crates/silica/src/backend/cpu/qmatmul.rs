@@ -7,12 +7,17 @@
 //! weight rows across threads; the inner loops are written so that the
 //! compiler vectorizes them, and are compiled a second time for AVX2/FMA and
 //! AVX-512 where the processor has them (chosen at run time).
+//!
+//! With 8-bit activations (the default), Q4_0 / Q4_1 / Q8_0 take integer
+//! kernels instead: row dots (`qdot`) for fewer than `GEMM_MIN_M` rows of x,
+//! tiles over decoded panels of 4 weight rows (`qgemm`) from there on.
 
 use rayon::prelude::*;
 
 use super::host;
 use super::matmul::{Operand, gemm_f32};
 use super::qdot;
+use super::qgemm;
 use crate::quant::QuantFormat;
 use crate::storage::CpuStorage;
 use crate::{DType, Error, Result, Tensor};
@@ -24,6 +29,8 @@ const DOT_MAX_M: usize = 8;
 const PANEL: usize = 64;
 /// Weight rows per task of the block-dot path (at least).
 const DOT_TASK: usize = 16;
+/// Rows of x from which the integer path multiplies tiles (`qgemm`).
+const GEMM_MIN_M: usize = 8;
 /// Multiply-adds per task of the integer path (at least).
 const INT8_TASK_MIN: usize = 1 << 22;
 
@@ -50,12 +57,21 @@ pub fn qmatmul(
             && let Some(path) = qdot::Path::detect()
         {
             let xq = qdot::QuantizedRows::new(path, &xs, m, k);
-            let rows = int8_task_rows(n, m, k);
+            // tiles for many rows of x, row dots for few (decode)
+            let tiled = m >= GEMM_MIN_M;
+            let mut rows = int8_task_rows(n, m, k);
+            if tiled {
+                rows = rows.next_multiple_of(qgemm::NR);
+            }
             out_t
                 .par_chunks_mut(rows * m)
                 .enumerate()
                 .for_each(|(t, dst)| {
-                    qdot::dot_rows(path, format, wb, t * rows, row_bytes, &xq, m, dst);
+                    if tiled {
+                        qgemm::gemm_rows(path, format, wb, t * rows, row_bytes, &xq, m, dst);
+                    } else {
+                        qdot::dot_rows(path, format, wb, t * rows, row_bytes, &xq, m, dst);
+                    }
                 });
         } else if m <= DOT_MAX_M {
             // sums of each run of 16 values of x (the groups' offsets multiply them)

@@ -1,0 +1,369 @@
+//! Integer products of Q4_0 / Q4_1 / Q8_0 weights with many rows of 8-bit
+//! activations (prefill), as matrix tiles rather than row dots.
+//!
+//! A task decodes its weight rows once, [`NR`] at a time, into a [`Panel`]:
+//! the unsigned quants in the interleaved order of the activations (see
+//! `qdot`), each group's scales spread over the 16 lanes that `vpdpbusd`
+//! leaves for its 4 blocks, and the blocks' minima. The panel is then
+//! multiplied with every row of x in tiles of [`MR`] × [`NR`], so that each
+//! loaded vector of x meets 4 weight rows and each vector of weights 4 rows
+//! of x. The panel is a few kilobytes: the quantized matrix is never copied
+//! whole.
+
+use super::qdot::{GB, Path, QB, QuantizedRows, block_u8, code, layout_of};
+use crate::quant::QuantFormat;
+
+/// Weight rows per panel.
+pub(crate) const NR: usize = 4;
+/// Rows of x per tile.
+const MR: usize = 4;
+
+/// [`NR`] weight rows decoded for the tile kernels. Rows past the end of
+/// the matrix are zero.
+struct Panel {
+    /// Groups of 4 blocks per row.
+    groups: usize,
+    /// Scales per row in `mw`: whole runs of 16 blocks, as those of x.
+    nbp: usize,
+    /// [groups, NR, 128]: per group and row, the first 16 quants of its 4
+    /// blocks, then their last 16
+    u: Vec<u8>,
+    /// [groups, NR, 16]: lane l holds dw of block 4 g + l / 4
+    dw: Vec<f32>,
+    /// [NR, nbp] the blocks' minima (w = dw · u + mw)
+    mw: Vec<f32>,
+}
+
+impl Panel {
+    fn new(x: &QuantizedRows) -> Panel {
+        let groups = x.nb.div_ceil(GB);
+        let nbp = x.s_stride;
+        Panel {
+            groups,
+            nbp,
+            u: vec![0; groups * NR * GB * QB],
+            dw: vec![0.0; groups * NR * 16],
+            mw: vec![0.0; NR * nbp],
+        }
+    }
+
+    /// Decodes rows `j0..j0 + live` (`live <= NR`) of `w`, `nb` blocks
+    /// each. What lies past the `nb` blocks stays zero from `new`.
+    #[inline(always)]
+    fn fill<const F: u8>(&mut self, w: &[u8], j0: usize, live: usize, row_bytes: usize, nb: usize) {
+        if live < NR {
+            // the rows past the matrix, which a previous fill may have set
+            self.u.fill(0);
+            self.dw.fill(0.0);
+            self.mw.fill(0.0);
+        }
+        let bb = layout_of(F).0;
+        for c in 0..live {
+            let row = &w[(j0 + c) * row_bytes..][..nb * bb];
+            for (b, blk) in row.chunks_exact(bb).enumerate() {
+                let (u, dw, mw) = block_u8::<F>(blk);
+                let (g, t) = (b / GB, b % GB);
+                let at = (g * NR + c) * GB * QB + t * 16;
+                self.u[at..at + 16].copy_from_slice(&u[..16]);
+                self.u[at + GB * 16..at + GB * 16 + 16].copy_from_slice(&u[16..]);
+                let lanes = (g * NR + c) * 16 + t * 4;
+                self.dw[lanes..lanes + 4].fill(dw);
+                self.mw[c * self.nbp + b] = mw;
+            }
+        }
+    }
+}
+
+/// As `qdot::dot_rows`: `out[i * m + r] = w_{j0 + i} · x_r` for the
+/// `out.len() / m` rows of `w` from row `j0` on and every row `r` of x, by
+/// tiles. Only [`Path::Avx512Vnni`] and [`Path::Scalar`] (the definition,
+/// for tests) have tile kernels: other paths take the row dots.
+#[allow(clippy::too_many_arguments)] // the kernels' inputs, as they are
+pub(crate) fn gemm_rows(
+    path: Path,
+    format: QuantFormat,
+    w: &[u8],
+    j0: usize,
+    row_bytes: usize,
+    x: &QuantizedRows,
+    m: usize,
+    out: &mut [f32],
+) {
+    match path {
+        Path::Scalar => gemm_rows_on(path, format, w, j0, row_bytes, x, m, out),
+        // SAFETY: `Path::detect` (or the test that forces a path) checked
+        // that the processor has the features this function enables
+        #[cfg(target_arch = "x86_64")]
+        Path::Avx512Vnni => unsafe { x86::gemm_rows_avx512(format, w, j0, row_bytes, x, m, out) },
+        #[cfg(target_arch = "x86_64")]
+        Path::Avx2 => super::qdot::dot_rows(path, format, w, j0, row_bytes, x, m, out),
+    }
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn gemm_rows_on(
+    path: Path,
+    format: QuantFormat,
+    w: &[u8],
+    j0: usize,
+    row_bytes: usize,
+    x: &QuantizedRows,
+    m: usize,
+    out: &mut [f32],
+) {
+    match code(format) {
+        0 => gemm_rows_of::<0>(path, w, j0, row_bytes, x, m, out),
+        1 => gemm_rows_of::<1>(path, w, j0, row_bytes, x, m, out),
+        _ => gemm_rows_of::<2>(path, w, j0, row_bytes, x, m, out),
+    }
+}
+
+#[inline(always)]
+fn gemm_rows_of<const F: u8>(
+    path: Path,
+    w: &[u8],
+    j0: usize,
+    row_bytes: usize,
+    x: &QuantizedRows,
+    m: usize,
+    out: &mut [f32],
+) {
+    if m == 0 {
+        return;
+    }
+    let mut panel = Panel::new(x);
+    for (p, dst) in out.chunks_mut(NR * m).enumerate() {
+        let live = dst.len() / m;
+        panel.fill::<F>(w, j0 + p * NR, live, row_bytes, x.nb);
+        let mut r = 0;
+        while r < m {
+            let tile = (m - r).min(MR);
+            match tile {
+                1 => tile_into::<1>(path, &panel, x, r, m, dst),
+                2 => tile_into::<2>(path, &panel, x, r, m, dst),
+                3 => tile_into::<3>(path, &panel, x, r, m, dst),
+                _ => tile_into::<4>(path, &panel, x, r, m, dst),
+            }
+            r += tile;
+        }
+    }
+}
+
+/// One tile: rows `r0..r0 + R` of x against the panel, into the panel's
+/// live rows of `dst` ([live, m]).
+#[inline(always)]
+fn tile_into<const R: usize>(
+    path: Path,
+    panel: &Panel,
+    x: &QuantizedRows,
+    r0: usize,
+    m: usize,
+    dst: &mut [f32],
+) {
+    let v: [[f32; R]; NR] = match path {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: only `gemm_rows_avx512` passes this path, on a processor
+        // that has its features
+        Path::Avx512Vnni => unsafe { x86::tile_avx512::<R>(panel, x, r0) },
+        _ => tile_scalar::<R>(panel, x, r0),
+    };
+    for (c, d) in dst.chunks_exact_mut(m).enumerate() {
+        d[r0..r0 + R].copy_from_slice(&v[c]);
+    }
+}
+
+/// The definition: per block, the integer dot of the quants scaled by
+/// `dw · dx`, plus `mw · sx`.
+fn tile_scalar<const R: usize>(p: &Panel, x: &QuantizedRows, r0: usize) -> [[f32; R]; NR] {
+    let mut out = [[0f32; R]; NR];
+    for (c, o) in out.iter_mut().enumerate() {
+        for (i, o) in o.iter_mut().enumerate() {
+            let (q, d, s) = (x.q_row(r0 + i), x.d_row(r0 + i), x.s_row(r0 + i));
+            let mut acc = 0f32;
+            for b in 0..x.nb {
+                let (g, t) = (b / GB, b % GB);
+                let u = &p.u[(g * NR + c) * GB * QB..][..GB * QB];
+                let qg = &q[g * GB * QB..][..GB * QB];
+                let dot: i32 = (0..16)
+                    .flat_map(|e| [t * 16 + e, GB * 16 + t * 16 + e])
+                    .map(|e| i32::from(u[e]) * i32::from(qg[e]))
+                    .sum();
+                let dw = p.dw[(g * NR + c) * 16 + t * 4];
+                acc += dw * d[b] * dot as f32 + p.mw[c * p.nbp + b] * s[b];
+            }
+            *o = acc;
+        }
+    }
+    out
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{GB, NR, Panel, QB, QuantFormat, QuantizedRows};
+    use std::arch::x86_64::*;
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn gemm_rows_avx512(
+        format: QuantFormat,
+        w: &[u8],
+        j0: usize,
+        row_bytes: usize,
+        x: &QuantizedRows,
+        m: usize,
+        out: &mut [f32],
+    ) {
+        super::gemm_rows_on(super::Path::Avx512Vnni, format, w, j0, row_bytes, x, m, out)
+    }
+
+    /// Per group of 4 blocks and pair (row of x, row of the panel): two
+    /// `vpdpbusd` (first and last 16 quants of the 4 blocks), converted and
+    /// scaled by `dw · dx` spread over the lanes of each block. The minima
+    /// times the sums of x are added 16 blocks at a time at the end.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma")]
+    pub(super) unsafe fn tile_avx512<const R: usize>(
+        p: &Panel,
+        x: &QuantizedRows,
+        r0: usize,
+    ) -> [[f32; R]; NR] {
+        const G: usize = GB * QB;
+        let mut acc = [[_mm512_setzero_ps(); NR]; R];
+        // lane l takes the scale of block l / 4
+        let spread = _mm512_srli_epi32::<2>(_mm512_setr_epi32(
+            0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15,
+        ));
+        let mut qs: [&[i8]; R] = [&[]; R];
+        let mut ds: [&[f32]; R] = [&[]; R];
+        for i in 0..R {
+            (qs[i], ds[i]) = (x.q_row(r0 + i), x.d_row(r0 + i));
+        }
+        for g in 0..p.groups {
+            let u = &p.u[g * NR * G..(g + 1) * NR * G];
+            let dw = &p.dw[g * NR * 16..(g + 1) * NR * 16];
+            // SAFETY (all loads below): the panel holds NR rows of whole
+            // groups; the quant rows of x whole groups, its scale rows
+            // whole runs of 16 blocks (so 4 g + 4 fits)
+            let mut wl = [_mm512_setzero_si512(); NR];
+            let mut wh = [_mm512_setzero_si512(); NR];
+            let mut wd = [_mm512_setzero_ps(); NR];
+            for c in 0..NR {
+                unsafe {
+                    wl[c] = _mm512_loadu_si512(u[c * G..].as_ptr().cast());
+                    wh[c] = _mm512_loadu_si512(u[c * G + G / 2..].as_ptr().cast());
+                    wd[c] = _mm512_loadu_ps(dw[c * 16..].as_ptr());
+                }
+            }
+            for i in 0..R {
+                let (xl, xh, d4) = unsafe {
+                    let q = qs[i][g * G..].as_ptr();
+                    (
+                        _mm512_loadu_si512(q.cast()),
+                        _mm512_loadu_si512(q.add(G / 2).cast()),
+                        _mm_loadu_ps(ds[i][GB * g..].as_ptr()),
+                    )
+                };
+                let dx = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(d4));
+                for c in 0..NR {
+                    let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wl[c], xl);
+                    let dot = _mm512_dpbusd_epi32(dot, wh[c], xh);
+                    let sc = _mm512_mul_ps(wd[c], dx);
+                    acc[i][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), sc, acc[i][c]);
+                }
+            }
+        }
+        // minima times the sums of x, 16 blocks at a time
+        for b in (0..p.nbp).step_by(16) {
+            for (i, acc) in acc.iter_mut().enumerate() {
+                // SAFETY: `nbp` is a whole number of runs of 16, in both
+                let sx = unsafe { _mm512_loadu_ps(x.s_row(r0 + i)[b..].as_ptr()) };
+                for (c, a) in acc.iter_mut().enumerate() {
+                    let mw = unsafe { _mm512_loadu_ps(p.mw[c * p.nbp + b..].as_ptr()) };
+                    *a = _mm512_fmadd_ps(mw, sx, *a);
+                }
+            }
+        }
+        let mut out = [[0f32; R]; NR];
+        for (i, acc) in acc.iter().enumerate() {
+            for (c, a) in acc.iter().enumerate() {
+                out[c][i] = _mm512_reduce_add_ps(*a);
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(n: usize, seed: u64) -> Vec<f32> {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        (0..n)
+            .map(|_| rng.sample(rand_distr::StandardNormal))
+            .collect()
+    }
+
+    fn quantize(format: QuantFormat, v: &[f32]) -> Vec<u8> {
+        match format {
+            QuantFormat::Q8_0 => crate::quant::quantize_q8_0(v),
+            QuantFormat::Q4_0 => crate::quant::quantize_q4_0(v),
+            _ => crate::quant::quantize_q4_1(v),
+        }
+    }
+
+    /// ‖a - b‖ / ‖b‖
+    fn rel_err(a: &[f32], b: &[f32]) -> f64 {
+        let num: f64 = a.iter().zip(b).map(|(x, y)| f64::from(x - y).powi(2)).sum();
+        let den: f64 = b.iter().map(|y| f64::from(*y).powi(2)).sum();
+        (num / den.max(1e-30)).sqrt()
+    }
+
+    #[test]
+    fn tiles_match_the_row_dots() {
+        // m and n not multiples of the tile, k of one block, of groups cut
+        // short and of more than 64 blocks; a task that starts past row 0
+        let formats = [QuantFormat::Q8_0, QuantFormat::Q4_0, QuantFormat::Q4_1];
+        for &k in &[32, 64, 96, 160, 576, 2048 + 32] {
+            for &(m, n) in &[(1, 1), (3, 5), (4, 4), (8, 9), (13, 6), (33, 17)] {
+                let xs = values(m * k, (k * 31 + m) as u64);
+                let ws = values(n * k, (k * 17 + n) as u64 + 5);
+                for format in formats {
+                    let wb = quantize(format, &ws);
+                    let rb = format.bytes_for(k);
+                    for path in Path::available() {
+                        let xq = QuantizedRows::new(path, &xs, m, k);
+                        let mut want = vec![0f32; n * m];
+                        crate::backend::cpu::qdot::dot_rows(
+                            Path::Scalar,
+                            format,
+                            &wb,
+                            0,
+                            rb,
+                            &xq,
+                            m,
+                            &mut want,
+                        );
+                        for j0 in [0, n / 2] {
+                            let mut got = vec![0f32; (n - j0) * m];
+                            gemm_rows(path, format, &wb, j0, rb, &xq, m, &mut got);
+                            // per value (the offsets of Q4_0 and Q8_0 cancel much
+                            // of the sum), and over all values
+                            let want = &want[j0 * m..];
+                            for (i, (g, w)) in got.iter().zip(want).enumerate() {
+                                assert!(
+                                    (g - w).abs() <= 1e-4 * w.abs().max(1.0),
+                                    "{format} {path:?} k {k} m {m} n {n} j0 {j0} [{i}]: {g} vs {w}"
+                                );
+                            }
+                            let e = rel_err(&got, want);
+                            assert!(e < 1e-5, "{format} {path:?} k {k} m {m} n {n}: {e}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
