@@ -886,25 +886,18 @@ impl Context {
             )
         };
         // profiling mode: the one cost when off is this load
-        if self.profiling.load(Ordering::Relaxed) && std::env::var("SILICA_PROFILE_BATCHES").is_ok()
-        {
-            // EXPERIMENT: one interval per batch
+        if self.profiling.load(Ordering::Relaxed) && self.per_batch.load(Ordering::Relaxed) {
             if p.timed.is_empty() {
-                p.timed.push(("batch", [0, 0, 0]));
+                // the batch's first dispatch: its start mark
+                p.timed.push((BATCH, [0, 0, 0]));
                 p.pass = None;
-                let set = self.query_set();
                 let enc = p.encoder.get_or_insert_with(|| {
                     self.device
-                        .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None })
+                        .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                            label: Some("silica ops"),
+                        })
                 });
-                drop(enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                    label: None,
-                    timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
-                        query_set: set,
-                        beginning_of_pass_write_index: None,
-                        end_of_pass_write_index: Some(0),
-                    }),
-                }));
+                self.mark_in(enc, 0);
             }
             let pass = self.shared_pass(p);
             encode(pass, &pipeline, &bind_group, immediates, groups);
