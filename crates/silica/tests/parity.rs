@@ -225,6 +225,15 @@ fn binary_cases(cases: &mut Vec<Case>) {
     }
 }
 
+/// Sums and means accumulate rounding; the other reductions pick a value.
+fn reduce_tol(op: silica::ReduceOp, dtype: DType) -> Tol {
+    if matches!(op, silica::ReduceOp::Sum | silica::ReduceOp::Mean) {
+        accumulating(dtype)
+    } else {
+        tol(dtype)
+    }
+}
+
 fn reduce_cases(cases: &mut Vec<Case>) {
     let shapes: [(&[usize], isize); 6] = [
         (&[3, 300], -1),
@@ -243,11 +252,7 @@ fn reduce_cases(cases: &mut Vec<Case>) {
                             "{} {dtype} {kind:?} {shape:?} dim {dim} keepdim {keep}",
                             op.name()
                         );
-                        let t = if matches!(op, silica::ReduceOp::Sum | silica::ReduceOp::Mean) {
-                            accumulating(dtype)
-                        } else {
-                            tol(dtype)
-                        };
+                        let t = reduce_tol(op, dtype);
                         // broadcast rows are all equal: argmax ties go to the first
                         case(cases, name, t, move |d| {
                             input(kind, shape, dtype, 10, d)?.reduce(op, dim, keep)
@@ -267,11 +272,7 @@ fn reduce_cases(cases: &mut Vec<Case>) {
                         "{} {dtype} {kind:?} {shape:?} dim {dim} (long rows)",
                         op.name()
                     );
-                    let t = if matches!(op, silica::ReduceOp::Sum | silica::ReduceOp::Mean) {
-                        accumulating(dtype)
-                    } else {
-                        tol(dtype)
-                    };
+                    let t = reduce_tol(op, dtype);
                     case(cases, name, t, move |d| {
                         input(kind, shape, dtype, 11, d)?.reduce(op, dim, false)
                     });
