@@ -295,6 +295,8 @@ fn reduce_cases(cases: &mut Vec<Case>) {
                     (&[1, 7, 13], 1),
                     (&[4, 6], 0),
                     (&[65, 67], -1),
+                    (&[3, 8200], -1),
+                    (&[2, 3, 1024], -1),
                 ] {
                     let name = format!("softmax log={log} {dtype} {kind:?} {shape:?} dim {dim}");
                     case(cases, name, tol(dtype), move |d| {
@@ -547,6 +549,33 @@ fn rope_tables(t: usize, half: usize, dev: &Device) -> Result<(Tensor, Tensor)> 
 }
 
 fn nn_cases(cases: &mut Vec<Case>) {
+    // rows that start 8 elements into rows of 1040: whole vec4 words for
+    // every dtype, but not contiguous
+    for dtype in DType::FLOATS {
+        let rows = move |d: &Device| -> Result<Tensor> {
+            Tensor::randn(&[3, 1040], dtype, 31, d)?.narrow(-1, 8, 1024)
+        };
+        let param = move |seed: u64, d: &Device| Tensor::randn(&[1024], dtype, seed, d);
+        for log in [false, true] {
+            let name = format!("softmax log={log} {dtype} sliced aligned rows");
+            case(cases, name, tol(dtype), move |d| {
+                let x = rows(d)?;
+                if log {
+                    x.log_softmax(-1)
+                } else {
+                    x.softmax(-1)
+                }
+            });
+        }
+        let name = format!("rms_norm {dtype} sliced aligned rows");
+        case(cases, name, accumulating(dtype), move |d| {
+            rows(d)?.rms_norm(&param(32, d)?, 1e-5)
+        });
+        let name = format!("layer_norm {dtype} sliced aligned rows");
+        case(cases, name, accumulating(dtype), move |d| {
+            rows(d)?.layer_norm(&param(32, d)?, &param(33, d)?, 1e-12)
+        });
+    }
     use silica::{AttentionOpts, RopeStyle};
     // in-place writes: word-aligned runs go through a copy kernel, 16-bit
     // runs at odd offsets through the host; a shared storage is copied first
@@ -577,6 +606,8 @@ fn nn_cases(cases: &mut Vec<Case>) {
                 &[3, 300],
                 &[2, 576],
                 &[4, 1],
+                &[3, 8200],
+                &[2, 3, 1024],
             ] {
                 let n = *shape.last().unwrap_or(&1);
                 let name = format!("rms_norm {dtype} {kind:?} {shape:?}");

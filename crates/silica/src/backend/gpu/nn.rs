@@ -2,7 +2,7 @@
 //! attention.
 
 use super::elementwise::{buffer, params, to_u32, via_f32};
-use super::reduce::row_layout;
+use super::reduce::{RowOp, row_layout, rows_vec};
 use super::{Context, Kernel};
 use crate::memory::GpuBuffer;
 use crate::ops::RopeStyle;
@@ -110,6 +110,13 @@ pub(crate) fn norm(
     out: &GpuBuffer,
     out_dtype: DType,
 ) -> Result<()> {
+    let (op, b) = match bias {
+        Some(b) => (RowOp::LayerNorm, b),
+        None => (RowOp::RmsNorm, weight),
+    };
+    if rows_vec(ctx, op, x, [weight, b], eps, out, out_dtype)? {
+        return Ok(());
+    }
     let (rows, h, arrays) = row_layout(x)?;
     let header = [h[0], h[1], h[2], h[3], h[4], eps.to_bits()];
     let bytes = params(&header, &arrays);

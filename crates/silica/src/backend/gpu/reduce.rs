@@ -22,6 +22,83 @@ pub(crate) static SOFTMAX: Kernel = Kernel {
     inputs: 1,
     trusted: false,
 };
+/// Softmax and the norms of rows read as whole vec4 words.
+pub(crate) static ROWS_VEC: Kernel = Kernel {
+    name: "rows_vec",
+    source: concat!(
+        include_str!("common.wgsl"),
+        include_str!("rows.wgsl"),
+        include_str!("rows_vec.wgsl")
+    ),
+    inputs: 3,
+    trusted: false,
+};
+
+/// The row operations of [`ROWS_VEC`] (its `OP` constant).
+#[derive(Clone, Copy)]
+pub(crate) enum RowOp {
+    Softmax = 0,
+    LogSoftmax = 1,
+    RmsNorm = 2,
+    LayerNorm = 3,
+}
+
+/// Runs `op` on the rows of `x` through [`ROWS_VEC`] when they can be read
+/// as whole vec4 words (see rows_vec.wgsl) and the output keeps the input's
+/// dtype; returns false, having done nothing, otherwise. `weights` are the
+/// norm's weight and bias (contiguous from offset 0, as the ops pass them).
+pub(crate) fn rows_vec(
+    ctx: &Context,
+    op: RowOp,
+    x: &Tensor,
+    weights: [&Tensor; 2],
+    eps: f32,
+    out: &GpuBuffer,
+    out_dtype: DType,
+) -> Result<bool> {
+    let dt = x.dtype();
+    if out_dtype != dt || !matches!(dt, DType::F32 | DType::F16 | DType::BF16) {
+        return Ok(false);
+    }
+    let per_word = 16 / dt.size_in_bytes();
+    let l = x.layout();
+    let r = l.rank();
+    let n = l.shape()[r - 1];
+    if n == 0 || !n.is_multiple_of(per_word) || (n > 1 && l.strides()[r - 1] != 1) {
+        return Ok(false);
+    }
+    let outer = Layout::new(
+        l.shape()[..r - 1].to_vec(),
+        l.strides()[..r - 1].to_vec(),
+        0,
+    );
+    let rows = outer.numel();
+    let outer = &Layout::coalesce(&[&outer])[0];
+    let row_stride = match outer.strides() {
+        [] => 0,
+        [s] => *s,
+        _ => return Ok(false),
+    };
+    if !l.offset().is_multiple_of(per_word) || !row_stride.is_multiple_of(per_word) {
+        return Ok(false);
+    }
+    let header = [
+        to_u32(rows, "row count")?,
+        to_u32(n / per_word, "row length")?,
+        to_u32(l.offset() / per_word, "offset")?,
+        to_u32(row_stride / per_word, "stride")?,
+        eps.to_bits(),
+    ];
+    ctx.dispatch(
+        &ROWS_VEC,
+        &[("OP", op as u32 as f64), ("DT", dt.gpu_code() as f64)],
+        &params(&header, &[]),
+        &[buffer(x), buffer(weights[0]), buffer(weights[1])],
+        out.raw(),
+        ctx.grid(to_u32(rows, "row count")?),
+    )?;
+    Ok(true)
+}
 
 /// Rows of the last dimension of `x`: the row count, the header `[rows,
 /// n, rank, offset, stride]` and the packed shape and strides of the rows.
@@ -126,6 +203,14 @@ pub(crate) fn softmax(
     out: &GpuBuffer,
     out_dtype: DType,
 ) -> Result<()> {
+    let op = if log {
+        RowOp::LogSoftmax
+    } else {
+        RowOp::Softmax
+    };
+    if rows_vec(ctx, op, x, [x, x], 0.0, out, out_dtype)? {
+        return Ok(());
+    }
     let (rows, bytes) = row_params(x)?;
     via_f32(ctx, x.shape(), out, out_dtype, |dst, dt| {
         ctx.dispatch(
@@ -160,6 +245,9 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
                     ],
                 ));
             }
+        }
+        for op in 0..4 {
+            out.push((&ROWS_VEC, vec![("OP", op as f64), ("DT", dt)]));
         }
         for log in [0.0, 1.0] {
             for o in [dt, 0.0] {
