@@ -76,7 +76,8 @@ def build(kind, dtype, dev):
         k = rnd(1, kind["kvh"], kind["tk"], kind["d"])
         v = rnd(1, kind["kvh"], kind["tk"], kind["d"])
         causal = kind["causal"] and kind["tq"] == kind["tk"]
-        return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        gqa = kind["h"] != kind["kvh"]
+        return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
     if op == "Copy":
         x = rnd(kind["n"])
         return lambda: x.clone()

@@ -239,6 +239,18 @@ fn cases(large: bool, cpu: bool) -> Vec<Case> {
             causal: true,
         },
     );
+    // a 1B Llama decode step at a short context (grouped queries)
+    push(
+        "attention decode over 256 h32/8 d64".into(),
+        Kind::Attention {
+            tq: 1,
+            tk: 256,
+            h: 32,
+            kvh: 8,
+            d: 64,
+            causal: true,
+        },
+    );
     let n = if cpu { 1 << 24 } else { 1 << 27 };
     push(format!("copy {n}"), Kind::Copy { n });
     v

@@ -1218,6 +1218,65 @@ fn f32_to_f16_to_f32_rounds_like_half() {
     assert_eq!(t.to_dtype(DType::F32).unwrap().layout(), t.layout());
 }
 
+/// The GPU's f32 -> f16 rounding (done with integer and float tricks in the
+/// kernels) gives the same bits as `half` on every device: every f32 whose
+/// magnitude rounds into the subnormal range, the ties and the neighbours
+/// of every f16 boundary, overflow, infinities and NaN.
+#[test]
+fn gpu_f32_to_f16_rounds_like_half() {
+    let mut values: Vec<f32> = Vec::new();
+    // every 64th f32 from 0 up to 2^-13 (the subnormal halves and the first
+    // normal ones), both signs
+    let mut b = 0u32;
+    while b <= 0x3900_0000 {
+        values.push(f32::from_bits(b));
+        values.push(-f32::from_bits(b));
+        b += 64 * 1021;
+    }
+    // around each f16 value's midpoints: the ties and one f32 ulp either side
+    for h in (0u16..0x7c00).step_by(7) {
+        let lo = f16::from_bits(h).to_f32();
+        let hi = f16::from_bits(h + 1).to_f32();
+        let mid = (lo as f64 + hi as f64) / 2.0;
+        let m = mid as f32;
+        for v in [
+            m,
+            f32::from_bits(m.to_bits() + 1),
+            f32::from_bits(m.to_bits().saturating_sub(1)),
+        ] {
+            values.push(v);
+            values.push(-v);
+        }
+    }
+    values.extend([
+        65504.0,
+        65519.0,
+        65520.0,
+        1e6,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::MAX,
+    ]);
+    let n = values.len() & !1;
+    values.truncate(n);
+    for dev in common::gpu_devices() {
+        let t = Tensor::from_slice(&values, &[n], &dev).unwrap();
+        let got: Vec<f16> = t.to_dtype(DType::F16).unwrap().to_vec().unwrap();
+        for (v, g) in values.iter().zip(&got) {
+            let want = f16::from_f32(*v);
+            assert_eq!(
+                g.to_bits(),
+                want.to_bits(),
+                "{dev:?}: f16 of {v:e} ({:#x})",
+                v.to_bits()
+            );
+        }
+        let nan = Tensor::from_slice(&[f32::NAN, 1.0], &[2], &dev).unwrap();
+        let h: Vec<f16> = nan.to_dtype(DType::F16).unwrap().to_vec().unwrap();
+        assert!(h[0].is_nan(), "{dev:?}: NaN became {}", h[0]);
+    }
+}
+
 #[test]
 fn every_16_bit_value_widens_exactly() {
     let bits: Vec<u16> = (0..=u16::MAX).collect();

@@ -39,28 +39,19 @@ fn f32_to_f16(v: f32) -> u32 {
     let b = bitcast<u32>(v);
     let sign = (b >> 16u) & 0x8000u;
     let a = b & 0x7fffffffu;
-    if a > 0x7f800000u {
-        return sign | 0x7e00u; // NaN
-    }
-    if a >= 0x477ff000u {
-        return sign | 0x7c00u; // rounds to 65520 or more: infinity
-    }
-    if a >= 0x38800000u {
-        // normal: rebias the exponent, round away 13 mantissa bits to nearest even
-        let r = a - 0x38000000u;
-        return sign | ((r + 0xfffu + ((r >> 13u) & 1u)) >> 13u);
-    }
-    if a <= 0x33000000u {
-        return sign; // at most 2^-25: rounds to zero
-    }
-    // subnormal: count units of 2^-24
-    let shift = 126u - (a >> 23u);
-    let mant = (a & 0x7fffffu) | 0x800000u;
-    let q = mant >> shift;
-    let rem = mant & ((1u << shift) - 1u);
-    let halfway = 1u << (shift - 1u);
-    let up = rem > halfway || (rem == halfway && (q & 1u) == 1u);
-    return sign | (q + select(0u, 1u, up));
+    // normal: rebias the exponent, round away 13 mantissa bits to nearest even
+    let r = a - 0x38000000u;
+    let normal = (r + 0xfffu + ((r >> 13u) & 1u)) >> 13u;
+    // below 2^-14 (subnormal or zero): in |v| + 0.5 the float adder rounds
+    // |v| to a multiple of 2^-24 (nearest even), the last place of 0.5, and
+    // leaves that count in the low mantissa bits (1024 when it rounds up to
+    // the smallest normal, which is that half's encoding)
+    let sub = bitcast<u32>(bitcast<f32>(a) + 0.5) - 0x3f000000u;
+    // computed both ways and selected: no divergent branches
+    var h = select(sub, normal, a >= 0x38800000u);
+    h = select(h, 0x7c00u, a >= 0x477ff000u); // rounds to 65520 or more: infinity
+    h = select(h, 0x7e00u, a > 0x7f800000u); // NaN
+    return sign | h;
 }
 
 fn f32_to_bf16(v: f32) -> u32 {

@@ -254,7 +254,7 @@ pub(crate) fn attention(
         words.extend_from_slice(&s);
     }
     words.extend_from_slice(&[
-        fast,
+        0,
         DECODE_CHUNK as u32,
         to_u32(chunks, "chunk count")?,
         record as u32,
@@ -271,8 +271,10 @@ pub(crate) fn attention(
             &DECODE_ATTENTION,
             &[
                 ("DT", code(dt)),
+                ("FAST", fast as f64),
                 ("HAS_MASK", has_mask),
                 ("FINAL", 1.0),
+                ("D4", d.div_ceil(4) as f64),
                 ("OUT_DT", code(out_dtype)),
             ],
             bytes,
@@ -285,7 +287,12 @@ pub(crate) fn attention(
         let scratch = ctx.pool.alloc((rows * chunks * record * 4) as u64)?;
         ctx.dispatch(
             &DECODE_ATTENTION,
-            &[("DT", code(dt)), ("HAS_MASK", has_mask)],
+            &[
+                ("DT", code(dt)),
+                ("FAST", fast as f64),
+                ("HAS_MASK", has_mask),
+                ("D4", d.div_ceil(4) as f64),
+            ],
             bytes,
             &srcs,
             scratch.raw(),
@@ -319,6 +326,7 @@ pub(crate) fn attention(
         kernel,
         &[
             ("DT", code(dt)),
+            ("FAST", fast as f64),
             ("OUT_DT", code(out_dtype)),
             ("HAS_MASK", has_mask),
         ],
@@ -346,9 +354,20 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
         }
         for mask in [0.0, 1.0] {
             for kernel in [&ATTENTION, &FLASH_ATTENTION_32, &FLASH_ATTENTION_16] {
-                out.push((kernel, vec![("DT", dt), ("OUT_DT", dt), ("HAS_MASK", mask)]));
+                out.push((
+                    kernel,
+                    vec![
+                        ("DT", dt),
+                        ("OUT_DT", dt),
+                        ("HAS_MASK", mask),
+                        ("FAST", 7.0),
+                    ],
+                ));
             }
-            out.push((&DECODE_ATTENTION, vec![("DT", dt), ("HAS_MASK", mask)]));
+            out.push((
+                &DECODE_ATTENTION,
+                vec![("DT", dt), ("HAS_MASK", mask), ("FAST", 6.0)],
+            ));
             out.push((
                 &DECODE_ATTENTION,
                 vec![
@@ -356,6 +375,7 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
                     ("HAS_MASK", mask),
                     ("FINAL", 1.0),
                     ("OUT_DT", dt),
+                    ("D4", 32.0),
                 ],
             ));
         }

@@ -3,9 +3,10 @@
 // rows `row_q` words apart starting `base_q` words into src (0 for a
 // broadcast), the row length a multiple of the elements per word (4 f32 or
 // 8 halves), output in the input's dtype, contiguous. Each thread keeps its
-// first R words of the row in registers as f32, so a row of up to R * 256
-// words is read from memory once; words past that are read again in each
-// pass. The arithmetic is that of softmax.wgsl and norm.wgsl (the same
+// first R = 4 words of the row in registers as f32 (named variables in
+// straight-line code: an array indexed in a loop went to local memory and
+// halved the speed on an H100), so a row of up to 4 * 256 words is read from
+// memory once; words past that are read again in each pass. The arithmetic is that of softmax.wgsl and norm.wgsl (the same
 // two-pass maximum/sum and mean/variance), only the memory access differs.
 // Halves are decoded with unpack2x16float; outputs are encoded with the
 // exact integer rounding of common.wgsl.
@@ -117,6 +118,57 @@ fn second(x: vec4<f32>, a: f32) -> f32 {
     return dot(d, d);
 }
 
+
+struct Word {
+    lo: vec4<f32>,
+    hi: vec4<f32>,
+}
+
+fn fetch(base: u32, q: u32) -> Word {
+    let w = src[base + min(q, p.nq - 1u)];
+    return Word(unpack4(w, 0u), unpack4(w, 1u));
+}
+
+fn part1(t: f32, w: Word, ok: bool) -> f32 {
+    if !ok {
+        return t;
+    }
+    if OP < 2u {
+        var r = max(t, first(w.lo));
+        if DT != 0u {
+            r = max(r, first(w.hi));
+        }
+        return r;
+    }
+    var r = t + first(w.lo);
+    if DT != 0u {
+        r += first(w.hi);
+    }
+    return r;
+}
+
+fn part2(s: f32, w: Word, a: f32, ok: bool) -> f32 {
+    if !ok {
+        return s;
+    }
+    var r = s + second(w.lo, a);
+    if DT != 0u {
+        r += second(w.hi, a);
+    }
+    return r;
+}
+
+fn emit(row: u32, q: u32, w: Word, a: f32, b: f32) {
+    if q < p.nq {
+        let lo = finish(w.lo, q, 0u, a, b);
+        var hi = lo;
+        if DT != 0u {
+            hi = finish(w.hi, q, 1u, a, b);
+        }
+        store(row, q, lo, hi);
+    }
+}
+
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let row = group_index(wid, nwg);
@@ -125,34 +177,23 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
     let base = p.base_q + row * p.row_q;
     let nf = f32(p.nq * per_word());
-    var v: array<vec4<f32>, 8>;
+    // R = 4 words held: w0..w3
+    let q0 = lid;
+    let q1 = lid + WG;
+    let q2 = lid + 2u * WG;
+    let q3 = lid + 3u * WG;
+    let w0 = fetch(base, q0);
+    let w1 = fetch(base, q1);
+    let w2 = fetch(base, q2);
+    let w3 = fetch(base, q3);
     var t = select(0.0, bitcast<f32>(0xff800000u), OP < 2u);
-    for (var i = 0u; i < R; i++) {
-        let q = lid + i * WG;
-        if q < p.nq {
-            let w = src[base + q];
-            for (var h = 0u; h < vecs(); h++) {
-                let x = unpack4(w, h);
-                v[i * 2u + h] = x;
-                if OP < 2u {
-                    t = max(t, first(x));
-                } else {
-                    t += first(x);
-                }
-            }
-        }
-    }
+    t = part1(t, w0, q0 < p.nq);
+    t = part1(t, w1, q1 < p.nq);
+    t = part1(t, w2, q2 < p.nq);
+    t = part1(t, w3, q3 < p.nq);
     for (var q = lid + R * WG; q < p.nq; q += WG) {
-        let w = src[base + q];
-        for (var h = 0u; h < vecs(); h++) {
-            if OP < 2u {
-                t = max(t, first(unpack4(w, h)));
-            } else {
-                t += first(unpack4(w, h));
-            }
-        }
+        t = part1(t, fetch(base, q), true);
     }
-    // a: the maximum or the mean (0 for RMSNorm, which needs one pass)
     var a = 0.0;
     var b = 0.0;
     if OP < 2u {
@@ -164,22 +205,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
     if OP != 2u {
         var s = 0.0;
-        for (var i = 0u; i < R; i++) {
-            if lid + i * WG < p.nq {
-                for (var h = 0u; h < vecs(); h++) {
-                    s += second(v[i * 2u + h], a);
-                }
-            }
-        }
+        s = part2(s, w0, a, q0 < p.nq);
+        s = part2(s, w1, a, q1 < p.nq);
+        s = part2(s, w2, a, q2 < p.nq);
+        s = part2(s, w3, a, q3 < p.nq);
         for (var q = lid + R * WG; q < p.nq; q += WG) {
-            let w = src[base + q];
-            for (var h = 0u; h < vecs(); h++) {
-                s += second(unpack4(w, h), a);
-            }
+            s = part2(s, fetch(base, q), a, true);
         }
         b = workgroup_sum(s, lid);
     }
-    // b: what finish() scales by (1 / sum, log(sum) or 1 / rms)
     switch OP {
         case 0u: {
             b = 1.0 / b;
@@ -191,24 +225,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             b = inverseSqrt(b / nf + p.eps);
         }
     }
-    for (var i = 0u; i < R; i++) {
-        let q = lid + i * WG;
-        if q < p.nq {
-            let lo = finish(v[i * 2u], q, 0u, a, b);
-            var hi = lo;
-            if DT != 0u {
-                hi = finish(v[i * 2u + 1u], q, 1u, a, b);
-            }
-            store(row, q, lo, hi);
-        }
-    }
+    emit(row, q0, w0, a, b);
+    emit(row, q1, w1, a, b);
+    emit(row, q2, w2, a, b);
+    emit(row, q3, w3, a, b);
     for (var q = lid + R * WG; q < p.nq; q += WG) {
-        let w = src[base + q];
-        let lo = finish(unpack4(w, 0u), q, 0u, a, b);
-        var hi = lo;
-        if DT != 0u {
-            hi = finish(unpack4(w, 1u), q, 1u, a, b);
-        }
-        store(row, q, lo, hi);
+        emit(row, q, fetch(base, q), a, b);
     }
 }
