@@ -1,12 +1,15 @@
-// rows.wgsl — workgroup-wide max and sum of one value per thread (256
-// threads), for the kernels that reduce one row per workgroup.
+// rows.wgsl — workgroup-wide max and sum of one value per thread, for the
+// kernels that reduce one row per workgroup of ROW_THREADS threads (a
+// power of two up to 256).
+
+override ROW_THREADS: u32 = 256u;
 
 var<workgroup> part: array<f32, 256>;
 
 fn workgroup_max(v: f32, lid: u32) -> f32 {
     part[lid] = v;
     workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+    for (var s = ROW_THREADS / 2u; s > 0u; s >>= 1u) {
         if lid < s {
             part[lid] = max(part[lid], part[lid + s]);
         }
@@ -20,7 +23,7 @@ fn workgroup_max(v: f32, lid: u32) -> f32 {
 fn workgroup_sum(v: f32, lid: u32) -> f32 {
     part[lid] = v;
     workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+    for (var s = ROW_THREADS / 2u; s > 0u; s >>= 1u) {
         if lid < s {
             part[lid] += part[lid + s];
         }

@@ -1,15 +1,16 @@
 // rows_vec.wgsl — softmax, log-softmax, RMSNorm and LayerNorm of rows that
-// can be read as whole vec4 words: one workgroup per row, unit last stride,
-// rows `row_q` words apart starting `base_q` words into src (0 for a
-// broadcast), the row length a multiple of the elements per word (4 f32 or
-// 8 halves), output in the input's dtype, contiguous. Each thread keeps its
-// first R = 4 words of the row in registers as f32 (named variables in
-// straight-line code: an array indexed in a loop went to local memory and
-// halved the speed on an H100), so a row of up to 4 * 256 words is read from
-// memory once; words past that are read again in each pass. The arithmetic is that of softmax.wgsl and norm.wgsl (the same
-// two-pass maximum/sum and mean/variance), only the memory access differs.
-// Halves are decoded with unpack2x16float; outputs are encoded with the
-// exact integer rounding of common.wgsl.
+// can be read as whole vec4 words: one workgroup of ROW_THREADS per row,
+// unit last stride, rows `row_q` words apart starting `base_q` words into
+// src (0 for a broadcast), the row length a multiple of the elements per
+// word (4 f32 or 8 halves), output in the input's dtype, contiguous. Each
+// thread keeps its first R = 4 words of the row in registers as f32, in
+// named variables and straight-line code (the same kernel with an array
+// indexed in loops ran at less than half this speed on an H100), so a row
+// of up to 4 * ROW_THREADS words is read from memory once; words past that
+// are read again in each pass. The arithmetic is that of softmax.wgsl and
+// norm.wgsl (the same two-pass maximum/sum and mean/variance), only the
+// memory access differs. Halves are decoded with unpack2x16float; outputs
+// are encoded with the exact rounding of common.wgsl.
 
 struct Params {
     rows: u32,
@@ -169,7 +170,7 @@ fn emit(row: u32, q: u32, w: Word, a: f32, b: f32) {
     }
 }
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(ROW_THREADS)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let row = group_index(wid, nwg);
     if row >= p.rows {
@@ -179,9 +180,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let nf = f32(p.nq * per_word());
     // R = 4 words held: w0..w3
     let q0 = lid;
-    let q1 = lid + WG;
-    let q2 = lid + 2u * WG;
-    let q3 = lid + 3u * WG;
+    let q1 = lid + ROW_THREADS;
+    let q2 = lid + 2u * ROW_THREADS;
+    let q3 = lid + 3u * ROW_THREADS;
     let w0 = fetch(base, q0);
     let w1 = fetch(base, q1);
     let w2 = fetch(base, q2);
@@ -191,7 +192,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     t = part1(t, w1, q1 < p.nq);
     t = part1(t, w2, q2 < p.nq);
     t = part1(t, w3, q3 < p.nq);
-    for (var q = lid + R * WG; q < p.nq; q += WG) {
+    for (var q = lid + R * ROW_THREADS; q < p.nq; q += ROW_THREADS) {
         t = part1(t, fetch(base, q), true);
     }
     var a = 0.0;
@@ -209,7 +210,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         s = part2(s, w1, a, q1 < p.nq);
         s = part2(s, w2, a, q2 < p.nq);
         s = part2(s, w3, a, q3 < p.nq);
-        for (var q = lid + R * WG; q < p.nq; q += WG) {
+        for (var q = lid + R * ROW_THREADS; q < p.nq; q += ROW_THREADS) {
             s = part2(s, fetch(base, q), a, true);
         }
         b = workgroup_sum(s, lid);
@@ -229,7 +230,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     emit(row, q1, w1, a, b);
     emit(row, q2, w2, a, b);
     emit(row, q3, w3, a, b);
-    for (var q = lid + R * WG; q < p.nq; q += WG) {
+    for (var q = lid + R * ROW_THREADS; q < p.nq; q += ROW_THREADS) {
         emit(row, q, fetch(base, q), a, b);
     }
 }
