@@ -22,19 +22,27 @@ pub(crate) static SOFTMAX: Kernel = Kernel {
     inputs: 1,
     trusted: false,
 };
-/// Softmax and the norms of rows read as whole vec4 words.
-pub(crate) static ROWS_VEC: Kernel = Kernel {
-    name: "rows_vec",
-    source: concat!(
-        include_str!("common.wgsl"),
-        include_str!("rows.wgsl"),
-        include_str!("rows_vec.wgsl")
-    ),
+/// Softmax and the norms of rows read as whole vec4 words: one source,
+/// named per use so that profiles tell softmax from norms.
+const ROWS_VEC_SOURCE: &str = concat!(
+    include_str!("common.wgsl"),
+    include_str!("rows.wgsl"),
+    include_str!("rows_vec.wgsl")
+);
+pub(crate) static SOFTMAX_VEC: Kernel = Kernel {
+    name: "softmax_vec",
+    source: ROWS_VEC_SOURCE,
+    inputs: 3,
+    trusted: false,
+};
+pub(crate) static NORM_VEC: Kernel = Kernel {
+    name: "norm_vec",
+    source: ROWS_VEC_SOURCE,
     inputs: 3,
     trusted: false,
 };
 
-/// The row operations of [`ROWS_VEC`] (its `OP` constant).
+/// The row operations of rows_vec.wgsl (its `OP` constant).
 #[derive(Clone, Copy)]
 pub(crate) enum RowOp {
     Softmax = 0,
@@ -43,7 +51,7 @@ pub(crate) enum RowOp {
     LayerNorm = 3,
 }
 
-/// Runs `op` on the rows of `x` through [`ROWS_VEC`] when they can be read
+/// Runs `op` on the rows of `x` through rows_vec.wgsl when they can be read
 /// as whole vec4 words (see rows_vec.wgsl) and the output keeps the input's
 /// dtype; returns false, having done nothing, otherwise. `weights` are the
 /// norm's weight and bias (contiguous from offset 0, as the ops pass them).
@@ -94,8 +102,12 @@ pub(crate) fn rows_vec(
     // 4,096 on an H100: 31.6 -> 28.7 µs for RMSNorm with 128 threads)
     let nq = n / per_word;
     let threads = (nq / 4).next_power_of_two().clamp(64, 256);
+    let kernel = match op {
+        RowOp::Softmax | RowOp::LogSoftmax => &SOFTMAX_VEC,
+        RowOp::RmsNorm | RowOp::LayerNorm => &NORM_VEC,
+    };
     ctx.dispatch(
-        &ROWS_VEC,
+        kernel,
         &[
             ("OP", op as u32 as f64),
             ("DT", dt.gpu_code() as f64),
@@ -257,8 +269,9 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
         }
         for op in 0..4 {
             for threads in [64.0, 256.0] {
+                let kernel = if op < 2 { &SOFTMAX_VEC } else { &NORM_VEC };
                 out.push((
-                    &ROWS_VEC,
+                    kernel,
                     vec![("OP", op as f64), ("DT", dt), ("ROW_THREADS", threads)],
                 ));
             }
