@@ -29,36 +29,7 @@ const UNROLL: u32 = 8u;
 
 var<workgroup> qsh: array<vec4<f32>, 32>;
 var<workgroup> score: array<f32, MAX_CHUNK>;
-var<workgroup> red: array<f32, THREADS>;
 var<workgroup> acc_sh: array<vec4<f32>, THREADS>;
-
-fn reduce_max(v: f32, lid: u32) -> f32 {
-    red[lid] = v;
-    workgroupBarrier();
-    for (var s = THREADS / 2u; s > 0u; s >>= 1u) {
-        if lid < s {
-            red[lid] = max(red[lid], red[lid + s]);
-        }
-        workgroupBarrier();
-    }
-    let r = red[0];
-    workgroupBarrier();
-    return r;
-}
-
-fn reduce_sum(v: f32, lid: u32) -> f32 {
-    red[lid] = v;
-    workgroupBarrier();
-    for (var s = THREADS / 2u; s > 0u; s >>= 1u) {
-        if lid < s {
-            red[lid] += red[lid + s];
-        }
-        workgroupBarrier();
-    }
-    let r = red[0];
-    workgroupBarrier();
-    return r;
-}
 
 @compute @workgroup_size(128)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -108,7 +79,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         score[t] = x;
         m = max(m, x);
     }
-    m = reduce_max(m, lid);
+    m = workgroup_max(m, lid);
     // weights; a hidden key (at most NEG_INF) weighs nothing
     var l = 0.0;
     for (var t = lid; t < MAX_CHUNK; t += THREADS) {
@@ -117,7 +88,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         score[t] = w;
         l += w;
     }
-    l = reduce_sum(l, lid);
+    l = workgroup_sum(l, lid);
 
     // dimension chunk c of the keys t ≡ grp (mod groups)
     let groups = THREADS / d4;

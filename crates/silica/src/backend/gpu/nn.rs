@@ -71,6 +71,7 @@ pub(crate) static DECODE_ATTENTION: Kernel = Kernel {
     source: concat!(
         include_str!("common.wgsl"),
         include_str!("attention_io.wgsl"),
+        include_str!("rows.wgsl"),
         include_str!("decode_attention.wgsl")
     ),
     inputs: 4,
@@ -275,6 +276,7 @@ pub(crate) fn attention(
                 ("HAS_MASK", has_mask),
                 ("FINAL", 1.0),
                 ("D4", d.div_ceil(4) as f64),
+                ("ROW_THREADS", 128.0),
                 ("OUT_DT", code(out_dtype)),
             ],
             bytes,
@@ -292,6 +294,7 @@ pub(crate) fn attention(
                 ("FAST", fast as f64),
                 ("HAS_MASK", has_mask),
                 ("D4", d.div_ceil(4) as f64),
+                ("ROW_THREADS", 128.0),
             ],
             bytes,
             &srcs,
@@ -366,7 +369,12 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
             }
             out.push((
                 &DECODE_ATTENTION,
-                vec![("DT", dt), ("HAS_MASK", mask), ("FAST", 6.0)],
+                vec![
+                    ("DT", dt),
+                    ("HAS_MASK", mask),
+                    ("FAST", 6.0),
+                    ("ROW_THREADS", 128.0),
+                ],
             ));
             out.push((
                 &DECODE_ATTENTION,
@@ -376,6 +384,7 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
                     ("FINAL", 1.0),
                     ("OUT_DT", dt),
                     ("D4", 32.0),
+                    ("ROW_THREADS", 128.0),
                 ],
             ));
         }
