@@ -343,8 +343,12 @@ fn matmul_cases(cases: &mut Vec<Case>) {
 /// are multiples of 8 elements, a transposed weight, a row-major b) and its
 /// element-wise ones (offsets, transposed a).
 fn forced_matmul_cases(cases: &mut Vec<Case>) {
-    let shapes: [(&[usize], &[usize]); 8] = [
+    let shapes: [(&[usize], &[usize]); 10] = [
         (&[129, 64], &[64, 136]),
+        // whole 16x16 fragments read past a 128x128 tile's edges (the
+        // direct cooperative-matrix kernel clamps its blocks)
+        (&[2, 100, 80], &[2, 80, 200]),
+        (&[70, 96], &[96, 66]),
         // long rows: the GEMV kernel with 64 and 128 threads per column
         (&[3, 4100], &[4100, 6]),
         (&[2, 4104], &[4104, 6]),
@@ -354,7 +358,13 @@ fn forced_matmul_cases(cases: &mut Vec<Case>) {
         (&[5, 48], &[48, 24]),
         (&[33, 36], &[36, 20]),
     ];
-    for kernel in ["matmul", "matmul_big", "matmul_coop", "gemv"] {
+    for kernel in [
+        "matmul",
+        "matmul_big",
+        "matmul_coop",
+        "matmul_coop_direct",
+        "gemv",
+    ] {
         for dtype in DType::FLOATS {
             for ka in [Kind::Contiguous, Kind::Transposed, Kind::Offset] {
                 for kb in [Kind::Contiguous, Kind::Transposed, Kind::Offset] {
