@@ -36,7 +36,8 @@ pub(crate) static MATMUL_COOP: Kernel = Kernel {
         include_str!("common.wgsl"),
         include_str!("matmul_common.wgsl"),
         include_str!("store4.wgsl"),
-        include_str!("matmul_coop.wgsl")
+        include_str!("matmul_coop.wgsl"),
+        include_str!("coop_store.wgsl")
     ),
     inputs: 2,
     trusted: true,
@@ -49,7 +50,8 @@ pub(crate) static MATMUL_COOP_DIRECT: Kernel = Kernel {
         include_str!("common.wgsl"),
         include_str!("matmul_common.wgsl"),
         include_str!("store4.wgsl"),
-        include_str!("matmul_coop_direct.wgsl")
+        include_str!("matmul_coop_direct.wgsl"),
+        include_str!("coop_store.wgsl")
     ),
     inputs: 2,
     trusted: true,

@@ -184,33 +184,6 @@ fn load_frag_a(r: u32, ks: u32) -> coop_mat16x16<f16, A> {
     return coopLoadT<coop_mat16x16<f16, A>>(&tile_a[at], LDK);
 }
 
-// Writes fragment `acc` (rows r0.., columns c0.. of this batch's dst) through
-// the subgroup's scratch; every thread of the workgroup calls it.
-fn store_frag(acc: coop_mat16x16<f32, C>, sg: u32, lane: u32, out0: u32, r0: u32, c0: u32) {
-    let at = sg * 256u;
-    coopStoreT(acc, &scratch[at], 16u);
-    workgroupBarrier();
-    for (var t = 0u; t < 8u; t += 2u) {
-        let i = lane * 8u + t;
-        let r = r0 + i / 16u;
-        let c = c0 + i % 16u;
-        if r < p.m && c < p.n {
-            let e = out0 + r * p.n + c;
-            let v0 = scratch[at + i];
-            let v1 = scratch[at + i + 1u];
-            if OUT_DT == 1u {
-                dst[e >> 1u] = encode_pair(v0, v1, 1u);
-            } else {
-                dst[e] = bitcast<u32>(v0);
-                if c + 1u < p.n {
-                    dst[e + 1u] = bitcast<u32>(v1);
-                }
-            }
-        }
-    }
-    workgroupBarrier();
-}
-
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let z = wid.z;
@@ -255,12 +228,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let out0 = z * p.m * p.n;
     let r = row0 + wr;
     let c = col0 + wc;
-    store_frag(c00, sg, lane, out0, r, c);
-    store_frag(c01, sg, lane, out0, r, c + 16u);
-    store_frag(c10, sg, lane, out0, r + 16u, c);
-    store_frag(c11, sg, lane, out0, r + 16u, c + 16u);
-    store_frag(c20, sg, lane, out0, r + 32u, c);
-    store_frag(c21, sg, lane, out0, r + 32u, c + 16u);
-    store_frag(c30, sg, lane, out0, r + 48u, c);
-    store_frag(c31, sg, lane, out0, r + 48u, c + 16u);
+    store_frag(c00, sg, lane, out0, r, c, vec2<u32>(0u));
+    store_frag(c01, sg, lane, out0, r, c + 16u, vec2<u32>(0u));
+    store_frag(c10, sg, lane, out0, r + 16u, c, vec2<u32>(0u));
+    store_frag(c11, sg, lane, out0, r + 16u, c + 16u, vec2<u32>(0u));
+    store_frag(c20, sg, lane, out0, r + 32u, c, vec2<u32>(0u));
+    store_frag(c21, sg, lane, out0, r + 32u, c + 16u, vec2<u32>(0u));
+    store_frag(c30, sg, lane, out0, r + 48u, c, vec2<u32>(0u));
+    store_frag(c31, sg, lane, out0, r + 48u, c + 16u, vec2<u32>(0u));
 }

@@ -42,40 +42,6 @@ fn frag_b(b0: u32, k: u32, c: u32) -> coop_mat16x16<f16, B> {
     return coopLoadT<coop_mat16x16<f16, B>>(&src_b[at], p.sb_k);
 }
 
-// Writes the elements of fragment `acc` (rows r0.., columns c0.. of this
-// batch's dst) that lie at or after (own_r, own_c), through the subgroup's
-// scratch; every thread of the workgroup calls it.
-fn store_frag(acc: coop_mat16x16<f32, C>, sg: u32, lane: u32, out0: u32, r0: u32, c0: u32, own: vec2<u32>) {
-    let at = sg * 256u;
-    coopStoreT(acc, &scratch[at], 16u);
-    workgroupBarrier();
-    for (var t = 0u; t < 8u; t += 2u) {
-        let i = lane * 8u + t;
-        let r = r0 + i / 16u;
-        let c = c0 + i % 16u;
-        if r >= own.x && r < p.m {
-            let e = out0 + r * p.n + c;
-            let v0 = scratch[at + i];
-            let v1 = scratch[at + i + 1u];
-            // c is even, and so is own.y where the clamped origin shifted
-            // columns (N - 64 is even whenever pairs are written)
-            if OUT_DT == 1u {
-                if c >= own.y && c < p.n {
-                    dst[e >> 1u] = encode_pair(v0, v1, 1u);
-                }
-            } else {
-                if c >= own.y && c < p.n {
-                    dst[e] = bitcast<u32>(v0);
-                }
-                if c + 1u >= own.y && c + 1u < p.n {
-                    dst[e + 1u] = bitcast<u32>(v1);
-                }
-            }
-        }
-    }
-    workgroupBarrier();
-}
-
 @compute @workgroup_size(128)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let z = wid.z;
