@@ -659,9 +659,12 @@ fn nn_cases(cases: &mut Vec<Case>) {
         // (batch, tq, tk, heads, kv heads, head size, causal, mask)
         type Shape = (usize, usize, usize, usize, usize, usize, bool, bool);
         // up to 4 queries: split-K decoding (keys in chunks of 256); more:
-        // the flash kernel (blocks of 32 queries, key tiles of 16 or 32);
-        // head sizes over 128: the row kernel
-        let shapes: [Shape; 19] = [
+        // the flash kernel (blocks of 32 queries, key tiles of 16 or 32), or
+        // for f16 on cooperative matrices (16+ queries, 64+ keys, head sizes
+        // that are multiples of 16, views that start rows on 16 bytes: the
+        // contiguous and permuted kinds) blocks of 64 queries, key tiles of
+        // 64, the last ones moved back; head sizes over 128: the row kernel
+        let shapes: [Shape; 23] = [
             (0, 1, 1, 1, 1, 2, false, false),
             (0, 7, 7, 4, 2, 8, true, false),
             (0, 1, 130, 9, 3, 64, true, false),
@@ -681,6 +684,10 @@ fn nn_cases(cases: &mut Vec<Case>) {
             (2, 3, 600, 4, 4, 64, true, false),
             (0, 4, 513, 8, 2, 80, false, true),
             (2, 4, 4, 2, 1, 96, true, true),
+            (1, 100, 100, 4, 2, 64, true, false),
+            (2, 70, 130, 2, 1, 128, true, true),
+            (0, 64, 64, 2, 2, 32, false, false),
+            (2, 80, 80, 2, 2, 64, true, true),
         ];
         for (b, tq, tk, h, kvh, hd, causal, masked) in shapes {
             let kinds = [
@@ -703,7 +710,12 @@ fn nn_cases(cases: &mut Vec<Case>) {
                     };
                     let q = input(kind, &lead(tq, h), dtype, 15, d)?;
                     let k = input(kind, &lead(tk, kvh), dtype, 16, d)?;
-                    let v = input(Kind::Offset, &lead(tk, kvh), dtype, 17, d)?;
+                    // v strided in two kinds, of q's kind in the others
+                    let vkind = match kind {
+                        Kind::Contiguous | Kind::Permuted => kind,
+                        _ => Kind::Offset,
+                    };
+                    let v = input(vkind, &lead(tk, kvh), dtype, 17, d)?;
                     // a padding mask: the first and the last key of every
                     // other batch row hidden (so that with a causal mask the
                     // first query of those rows sees no key: NaN)

@@ -1,46 +1,16 @@
-// attention_io.wgsl — what the attention kernels share: the parameters,
-// the bindings and the loads from the strided views of q, k, v and mask.
-// q, k, v, mask are rank-4 views: q [B, Tq, H, D], k and v [B, Tk, KVH, D],
-// mask [B, H, Tq, Tk]; `off_*` are their offsets and `s*` their strides in
-// elements. Bits 0, 1, 2 of the constant FAST say that q, k, v have a
+// attention_io.wgsl — what the scalar attention kernels share: the
+// bindings (as words) and the loads from the strided views of q, k, v and
+// mask (attention_params.wgsl). Bits 0, 1, 2 of the constant FAST say that q, k, v have a
 // unit last stride and (for 16-bit dtypes) even offsets and strides, so
 // that a row chunk can be loaded as whole words (f16 pairs decoded with
 // unpack2x16float).
 
-struct Params {
-    batch: u32,
-    tq: u32,
-    tk: u32,
-    heads: u32,
-    kv_heads: u32,
-    d: u32,
-    scale: f32,
-    causal: u32,
-    off_q: u32,
-    off_k: u32,
-    off_v: u32,
-    off_m: u32,
-    sq: vec4<u32>,
-    sk: vec4<u32>,
-    sv: vec4<u32>,
-    sm: vec4<u32>,
-    _pad: u32,
-    // split-K decoding: keys per workgroup, workgroups per query row, and
-    // the words of one partial result in the scratch buffer
-    chunk: u32,
-    chunks: u32,
-    record: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> src_q: array<u32>;
 @group(0) @binding(2) var<storage, read> src_k: array<u32>;
 @group(0) @binding(3) var<storage, read> src_v: array<u32>;
 @group(0) @binding(4) var<storage, read> src_m: array<u32>;
 @group(0) @binding(5) var<storage, read_write> dst: array<u32>;
 
-override DT: u32 = 0u;
-override HAS_MASK: bool = false;
 // a constant, so that the branches of ld4 fold away and a kernel's loads
 // can be scheduled together
 override FAST: u32 = 0u;
@@ -49,7 +19,6 @@ const Q: u32 = 0u;
 const K: u32 = 1u;
 const V: u32 = 2u;
 const MASK: u32 = 3u;
-const NEG_INF: f32 = -3.4028235e38;
 
 // Word `i` of input `which` (a constant at every call site).
 fn word(which: u32, i: u32) -> u32 {

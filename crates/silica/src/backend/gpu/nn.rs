@@ -34,6 +34,7 @@ pub(crate) static ATTENTION: Kernel = Kernel {
     name: "attention",
     source: concat!(
         include_str!("common.wgsl"),
+        include_str!("attention_params.wgsl"),
         include_str!("attention_io.wgsl"),
         include_str!("attention.wgsl")
     ),
@@ -46,6 +47,7 @@ pub(crate) static FLASH_ATTENTION_32: Kernel = Kernel {
     name: "flash_attention_32",
     source: concat!(
         include_str!("common.wgsl"),
+        include_str!("attention_params.wgsl"),
         include_str!("attention_io.wgsl"),
         "const BK: u32 = 32u;\n",
         include_str!("flash_attention.wgsl")
@@ -58,9 +60,23 @@ pub(crate) static FLASH_ATTENTION_16: Kernel = Kernel {
     name: "flash_attention_16",
     source: concat!(
         include_str!("common.wgsl"),
+        include_str!("attention_params.wgsl"),
         include_str!("attention_io.wgsl"),
         "const BK: u32 = 16u;\n",
         include_str!("flash_attention.wgsl")
+    ),
+    inputs: 4,
+    trusted: true,
+};
+/// Flash attention of f16 q, k, v on cooperative matrices (blocks of 64
+/// queries, key tiles of 64), where [`coop_flash`] allows it.
+pub(crate) static FLASH_COOP: Kernel = Kernel {
+    name: "flash_coop",
+    source: concat!(
+        "enable f16;\nenable wgpu_cooperative_matrix;\n",
+        include_str!("common.wgsl"),
+        include_str!("attention_params.wgsl"),
+        include_str!("flash_coop.wgsl")
     ),
     inputs: 4,
     trusted: true,
@@ -70,6 +86,7 @@ pub(crate) static DECODE_ATTENTION: Kernel = Kernel {
     name: "decode_attention",
     source: concat!(
         include_str!("common.wgsl"),
+        include_str!("attention_params.wgsl"),
         include_str!("attention_io.wgsl"),
         include_str!("rows.wgsl"),
         include_str!("decode_attention.wgsl")
@@ -96,6 +113,29 @@ const DECODE_MAX_TQ: usize = 4;
 const DECODE_CHUNK: usize = 256;
 /// Queries per workgroup of the flash kernel.
 const FLASH_BQ: usize = 32;
+/// Queries per workgroup, and keys per tile, of the cooperative-matrix
+/// flash kernel.
+const COOP_BQ: usize = 64;
+const COOP_BK: usize = 64;
+
+/// Whether flash_coop.wgsl can read q, k and v as whole 16x16 fragments:
+/// f16 on an adapter with 16x16 cooperative matrices, at least 16 queries
+/// and a key tile of keys, a head size that is a multiple of 16, and rows
+/// contiguous along the head that start on 16 bytes.
+fn coop_flash(ctx: &Context, views: [&Tensor; 3], tq: usize, tk: usize, d: usize) -> bool {
+    ctx.coop16()
+        && views[0].dtype() == DType::F16
+        && tq >= 16
+        && tk >= COOP_BK
+        && d.is_multiple_of(16)
+        && d <= TILED_MAX_D
+        && views.iter().all(|t| {
+            let l = t.layout();
+            l.strides()[3] == 1
+                && l.offset().is_multiple_of(8)
+                && l.strides()[..3].iter().all(|s| s.is_multiple_of(8))
+        })
+}
 
 fn code(d: DType) -> f64 {
     d.gpu_code() as f64
@@ -315,6 +355,20 @@ pub(crate) fn attention(
             out.raw(),
             ctx.grid(header[0]),
         );
+    } else if coop_flash(ctx, [q, k, v], tq, tk, d) {
+        return ctx.dispatch(
+            &FLASH_COOP,
+            &[
+                ("DT", code(dt)),
+                ("OUT_DT", code(out_dtype)),
+                ("HAS_MASK", has_mask),
+                ("DF", (d / 16) as f64),
+            ],
+            bytes,
+            &srcs,
+            out.raw(),
+            ctx.grid(to_u32(b * h * tq.div_ceil(COOP_BQ), "workgroup count")?),
+        );
     } else if wg_memory >= 48 * 1024 {
         &FLASH_ATTENTION_32
     } else {
@@ -389,6 +443,12 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
             ));
         }
         out.push((&ATTENTION_COMBINE, vec![("OUT_DT", dt)]));
+        for (mask, df) in [(0.0, 8.0), (1.0, 4.0), (0.0, 1.0)] {
+            out.push((
+                &FLASH_COOP,
+                vec![("DT", 1.0), ("OUT_DT", dt), ("HAS_MASK", mask), ("DF", df)],
+            ));
+        }
     }
     out
 }
