@@ -46,18 +46,40 @@ pub fn check_prompt(tokens: usize, context: usize) -> Result<()> {
     Ok(())
 }
 
-/// The next token from `logits` `[1, vocab]` (f32, on the model's
-/// device): for plain greedy decoding the argmax on the device, so that 4
-/// bytes come back instead of the whole vocabulary's logits.
-fn pick(sampler: &mut Sampler, logits: &silica::Tensor, history: &[u32]) -> Result<u32> {
-    if sampler.is_argmax() {
-        let id: Vec<u32> = logits.argmax(-1, false)?.to_vec()?;
-        return id
-            .first()
-            .copied()
-            .ok_or_else(|| Error::InvalidInput("no logits to pick from".into()));
+/// The next token, picked from logits `[1, vocab]` (f32, on the model's
+/// device). For plain greedy decoding the argmax runs on the device, so
+/// that 4 bytes come back instead of the vocabulary's logits, and the
+/// token stays there too: the next step can be queued on it before it is
+/// read.
+enum Pick {
+    Ready(u32),
+    /// the argmax `[1]` on the device, and its read-back under way
+    Device(silica::Tensor, Box<silica::PendingRead>),
+}
+
+impl Pick {
+    fn new(sampler: &mut Sampler, logits: &silica::Tensor, history: &[u32]) -> Result<Pick> {
+        if sampler.is_argmax() {
+            let id = logits.argmax(-1, false)?.reshape(&[1])?;
+            let read = id.read_later()?;
+            return Ok(Pick::Device(id, Box::new(read)));
+        }
+        Ok(Pick::Ready(
+            sampler.sample(&logits.to_vec::<f32>()?, history),
+        ))
     }
-    Ok(sampler.sample(&logits.to_vec::<f32>()?, history))
+
+    /// The token, waiting for its read-back.
+    fn wait(self) -> Result<u32> {
+        match self {
+            Pick::Ready(id) => Ok(id),
+            Pick::Device(_, read) => read
+                .to_vec::<u32>()?
+                .first()
+                .copied()
+                .ok_or_else(|| Error::InvalidInput("no logits to pick from".into())),
+        }
+    }
 }
 
 /// Generates up to `max_tokens` after `prompt` (token ids), calling
@@ -85,10 +107,33 @@ pub fn generate(
     let mut text = String::new();
     let t0 = Instant::now();
     let logits = model.forward(prompt, &mut cache, true)?;
-    let mut next = pick(sampler, &logits, &history)?;
-    stats.prefill_time = t0.elapsed();
-    let t1 = Instant::now();
+    let mut pick = Pick::new(sampler, &logits, &history)?;
+    // on a GPU, a token picked on the device feeds the next step before it
+    // is read back, so the device is not left idle while the host reads it,
+    // decodes its text and records the step after (the step queued after
+    // the last token, when generation stops there, is thrown away)
+    let ahead_ok = model.device().is_gpu();
+    let mut first = true;
+    let mut t1 = Instant::now();
     while stats.generated_tokens < max_tokens {
+        let ahead = match &pick {
+            Pick::Device(id, _)
+                if ahead_ok
+                    && !first
+                    && stats.generated_tokens + 1 < max_tokens
+                    && cache.len() < context =>
+            {
+                Some(model.forward_ids(id, &mut cache, true)?)
+            }
+            _ => None,
+        };
+        let next = pick.wait()?;
+        if first {
+            // the prefill ends with its token on the host
+            stats.prefill_time = t0.elapsed();
+            t1 = Instant::now();
+            first = false;
+        }
         if tokenizer.is_eos(next) {
             stats.stop_reason = "eos";
             break;
@@ -112,12 +157,15 @@ pub fn generate(
         if stats.generated_tokens == max_tokens {
             break;
         }
-        if cache.len() + 1 > context {
+        if ahead.is_none() && cache.len() + 1 > context {
             stats.stop_reason = "context full";
             break;
         }
-        let logits = model.forward(&[next], &mut cache, true)?;
-        next = pick(sampler, &logits, &history)?;
+        let logits = match ahead {
+            Some(logits) => logits,
+            None => model.forward(&[next], &mut cache, true)?,
+        };
+        pick = Pick::new(sampler, &logits, &history)?;
     }
     if stats.stop_reason != "stop string"
         && let Some(rest) = stream.finish()?

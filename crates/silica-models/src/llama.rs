@@ -568,18 +568,42 @@ impl Llama {
                 "forward needs at least one token".into(),
             ));
         }
+        if let Some(&bad) = ids.iter().find(|&&i| i as usize >= c.vocab_size) {
+            return Err(Error::InvalidInput(format!(
+                "token id {bad} is outside the vocabulary of {} tokens",
+                c.vocab_size
+            )));
+        }
+        let ids_t = Tensor::from_slice(ids, &[t], &self.device)?;
+        self.forward_ids(&ids_t, cache, last_only)
+    }
+
+    /// [`Llama::forward`] for token ids already in a u32 tensor `[t]` on the
+    /// model's device, such as the argmax of the previous step's logits:
+    /// the step can be queued before that token is read back. The ids are
+    /// not checked against the vocabulary here (that would need them on
+    /// the host); an argmax over this model's logits is always inside it.
+    pub fn forward_ids(
+        &self,
+        ids_t: &Tensor,
+        cache: &mut KvCache,
+        last_only: bool,
+    ) -> Result<Tensor> {
+        let c = &self.config;
+        if ids_t.rank() != 1 || ids_t.dtype() != DType::U32 || ids_t.shape()[0] == 0 {
+            return Err(Error::InvalidInput(format!(
+                "token ids must be a non-empty u32 vector, not {:?} {}",
+                ids_t.shape(),
+                ids_t.dtype()
+            )));
+        }
+        let t = ids_t.shape()[0];
         let start = cache.len;
         if start + t > c.context_length {
             return Err(Error::InvalidInput(format!(
                 "{} positions exceed the model's context of {} tokens",
                 start + t,
                 c.context_length
-            )));
-        }
-        if let Some(&bad) = ids.iter().find(|&&i| i as usize >= c.vocab_size) {
-            return Err(Error::InvalidInput(format!(
-                "token id {bad} is outside the vocabulary of {} tokens",
-                c.vocab_size
             )));
         }
         let (hd, h, kvh) = (c.head_dim, c.n_heads, c.n_kv_heads);
@@ -590,7 +614,7 @@ impl Llama {
             // invariant: `reserve` made the tables for at least `total` positions
             _ => unreachable!("a reserved cache has rope tables"),
         };
-        let ids_t = Tensor::from_slice(ids, &[t], &self.device)?;
+        let ids_t = ids_t.to_device(&self.device)?;
         let mut x = match &self.embed {
             Embedding::Dense(t) => t.index_select(0, &ids_t)?,
             Embedding::Quant(q) => q.embedding(&ids_t, self.dtype)?,

@@ -5,10 +5,12 @@
 
 use serde_json::Value;
 use silica::{DType, Device};
+use silica_models::generate::generate;
 use silica_models::gguf::GgufFile;
 use silica_models::llama::{Llama, LoadOptions};
 use silica_models::resolve::resolve_decoder;
-use silica_models::sampling::argmax;
+use silica_models::sampling::{Sampler, SamplingParams, argmax};
+use silica_models::tokenizer::Tokenizer;
 
 const MAX_ABS_ERR: f32 = 1e-3;
 
@@ -107,6 +109,32 @@ fn check_on(dev: &Device, gguf: &GgufFile, golden: &Value) {
             next = argmax(&l);
         }
         assert_eq!(got, want, "{dev} {name}: greedy tokens differ");
+
+        // `generate` does the same; on a GPU it queues each step on the
+        // token still on the device, before reading it back
+        let tokenizer = Tokenizer::from_gguf(gguf).unwrap();
+        let mut sampler = Sampler::new(SamplingParams::greedy());
+        let stats = generate(
+            &model,
+            &tokenizer,
+            &ids,
+            &mut sampler,
+            want.len(),
+            &[],
+            |_| {},
+        )
+        .unwrap();
+        let n = stats.tokens.len();
+        assert!(
+            n == want.len() || (stats.stop_reason == "eos" && at_eos),
+            "{dev} {name}: generate stopped after {n} tokens ({})",
+            stats.stop_reason
+        );
+        assert_eq!(
+            stats.tokens,
+            want[..n],
+            "{dev} {name}: generate's tokens differ"
+        );
         eprintln!(
             "{dev} {name}: logits within {worst:.2e} of the reference, {} greedy tokens identical",
             got.len()

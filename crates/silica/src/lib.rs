@@ -44,4 +44,4 @@ pub use memory::MemoryStats;
 pub use ops::{AttentionOpts, BinaryOp, CmpOp, Op, QFusion, ReduceOp, RopeStyle, UnaryOp};
 pub use qtensor::{QFuse, QTensor};
 pub use quant::QuantFormat;
-pub use tensor::Tensor;
+pub use tensor::{PendingRead, Tensor};

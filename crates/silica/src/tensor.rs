@@ -5,6 +5,7 @@ use std::sync::Arc;
 use rand::{Rng, SeedableRng};
 use rand_distr::StandardNormal;
 
+use crate::backend::gpu::{GpuDevice, PendingDownload};
 use crate::dispatch::run;
 use crate::layout::{Layout, normalize_dim};
 use crate::storage::{CpuStorage, Storage};
@@ -243,6 +244,32 @@ impl Tensor {
             op: "to_vec",
             lhs: self.dtype,
             rhs: T::DTYPE,
+        })
+    }
+
+    /// Starts reading the elements back without waiting: on a GPU the copy
+    /// is submitted with the work queued so far, and work queued after this
+    /// call (the next decoding step, say) does not delay
+    /// [`PendingRead::to_vec`]. On the CPU the elements are copied at once.
+    pub fn read_later(&self) -> Result<PendingRead> {
+        let state = match (self.storage.as_ref(), &self.device) {
+            (Storage::Cpu(c, _), _) => ReadState::Host(c.gather(&self.layout)),
+            (Storage::Gpu(b), Device::Gpu(g)) => {
+                let start = self.layout.offset();
+                let span = self.layout.storage_extent().saturating_sub(start);
+                let local = Layout::new(self.shape().to_vec(), self.layout.strides().to_vec(), 0);
+                ReadState::Gpu(
+                    g.clone(),
+                    g.download_start(b, start, span, self.dtype)?,
+                    local,
+                )
+            }
+            // invariant: GPU storage is only ever created on a GPU device
+            (Storage::Gpu(_), Device::Cpu) => unreachable!("GPU storage on the CPU device"),
+        };
+        Ok(PendingRead {
+            state,
+            dtype: self.dtype,
         })
     }
 
@@ -496,4 +523,35 @@ impl Tensor {
 /// The element count of `shape`, or an error when it overflows.
 fn checked_numel(op: &'static str, shape: &[usize]) -> Result<usize> {
     crate::layout::check_shape(op, shape)
+}
+
+/// A read-back started by [`Tensor::read_later`].
+pub struct PendingRead {
+    state: ReadState,
+    dtype: DType,
+}
+
+enum ReadState {
+    Host(CpuStorage),
+    /// the device, the range under way, the view's layout within the range
+    Gpu(Arc<GpuDevice>, PendingDownload, Layout),
+}
+
+impl PendingRead {
+    /// Waits for the elements (row-major). `T` must match the dtype.
+    pub fn to_vec<T: Element>(self) -> Result<Vec<T>> {
+        let mismatch = Error::DTypeMismatch {
+            op: "to_vec",
+            lhs: self.dtype,
+            rhs: T::DTYPE,
+        };
+        if T::DTYPE != self.dtype {
+            return Err(mismatch);
+        }
+        let host = match self.state {
+            ReadState::Host(c) => c,
+            ReadState::Gpu(g, pending, local) => g.download_finish(pending)?.gather(&local),
+        };
+        host.into_vec::<T>().ok_or(mismatch)
+    }
 }

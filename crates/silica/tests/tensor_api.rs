@@ -1406,3 +1406,24 @@ fn select_by_name() {
         assert!(matches!(Device::select("gpu"), Err(Error::NoDevice { .. })));
     }
 }
+
+#[test]
+fn a_read_started_early_sees_the_values_of_its_time() {
+    let mut devices = vec![cpu()];
+    devices.extend(common::gpu_devices());
+    for d in devices {
+        let mut t = Tensor::from_slice(&[1f32, 2.0, 3.0, 4.0], &[4], &d).unwrap();
+        let read = t.narrow(0, 1, 2).unwrap().read_later().unwrap();
+        // work queued after the read starts: overwrite the tensor in place
+        let nines = Tensor::from_slice(&[9f32; 4], &[4], &d).unwrap();
+        t.slice_assign(0, &nines).unwrap();
+        let after = t.read_later().unwrap();
+        assert_eq!(read.to_vec::<f32>().unwrap(), [2.0, 3.0], "{d}");
+        assert_eq!(after.to_vec::<f32>().unwrap(), [9.0; 4], "{d}");
+        let (e, _) = err_text(
+            t.read_later().unwrap().to_vec::<u32>(),
+            "a read-back as the wrong element type",
+        );
+        assert!(matches!(e, Error::DTypeMismatch { .. }), "{d}: {e}");
+    }
+}

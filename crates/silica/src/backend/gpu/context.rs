@@ -37,6 +37,15 @@ pub(crate) struct Kernel {
     pub trusted: bool,
 }
 
+/// A read-back under way (see [`Context::read_start`]).
+pub(crate) struct PendingBytes {
+    staging: wgpu::Buffer,
+    rx: std::sync::mpsc::Receiver<std::result::Result<(), wgpu::BufferAsyncError>>,
+    /// The submission holding the copy (None: nothing was pending, which
+    /// cannot happen since the copy itself is recorded)
+    index: Option<wgpu::SubmissionIndex>,
+}
+
 /// A kernel, its override constants (as bits) and whether its parameters
 /// are immediates.
 type PipelineKey = (&'static str, Vec<(&'static str, u64)>, bool);
@@ -358,7 +367,7 @@ impl Context {
     /// mode, a batch with timed dispatches also resolves their timestamps,
     /// and this waits for the batch to finish and adds the times to the
     /// profile.
-    pub fn flush(&self) {
+    pub fn flush(&self) -> Option<wgpu::SubmissionIndex> {
         let mut guard = lock(&self.pending);
         let p = &mut *guard;
         p.pass = None;
@@ -377,12 +386,14 @@ impl Context {
         if let Some(mut enc) = p.encoder.take() {
             let readback =
                 (!timed.is_empty()).then(|| self.resolve_timestamps(&mut enc, timed.len()));
-            self.queue.submit([enc.finish()]);
+            let index = self.queue.submit([enc.finish()]);
             drop(guard);
             if let Some(buf) = readback {
                 self.collect_timestamps(&buf, &timed);
             }
+            return Some(index);
         }
+        None
     }
 
     /// Profiling mode is possible: the device has timestamp queries.
@@ -617,6 +628,14 @@ impl Context {
 
     /// Reads `size` bytes at `offset` (both multiples of 4), waiting for all pending work.
     pub fn read(&self, src: &wgpu::Buffer, offset: u64, size: u64) -> Result<Vec<u8>> {
+        let pending = self.read_start(src, offset, size)?;
+        self.read_finish(pending)
+    }
+
+    /// Starts reading `size` bytes at `offset` (both multiples of 4): the
+    /// copy is submitted with all pending work, and work recorded after it
+    /// does not delay [`Context::read_finish`].
+    pub fn read_start(&self, src: &wgpu::Buffer, offset: u64, size: u64) -> Result<PendingBytes> {
         self.check_alive()?;
         let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("silica read-back"),
@@ -625,13 +644,23 @@ impl Context {
             mapped_at_creation: false,
         });
         self.record(|enc| enc.copy_buffer_to_buffer(src, offset, &staging, 0, size));
-        self.flush();
+        let index = self.flush();
         let (tx, rx) = std::sync::mpsc::channel();
         staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
             let _ = tx.send(r);
         });
+        Ok(PendingBytes { staging, rx, index })
+    }
+
+    /// Waits for a read started by [`Context::read_start`] (only for the
+    /// submission that holds its copy) and returns the bytes.
+    pub fn read_finish(&self, pending: PendingBytes) -> Result<Vec<u8>> {
+        let PendingBytes { staging, rx, index } = pending;
         self.device
-            .poll(wgpu::PollType::wait_indefinitely())
+            .poll(wgpu::PollType::Wait {
+                submission_index: index,
+                timeout: None,
+            })
             .map_err(|e| self.gpu_err(e))?;
         match rx.recv() {
             Ok(Ok(())) => {}

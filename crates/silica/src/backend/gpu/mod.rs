@@ -27,6 +27,14 @@ use crate::{DType, DeviceInfo, Error, Op, Result, Tensor};
 pub use context::KernelTime;
 pub(crate) use context::{Context, Kernel};
 
+/// A read-back of a range of elements under way.
+pub(crate) struct PendingDownload {
+    bytes: Option<context::PendingBytes>,
+    skip: usize,
+    len: usize,
+    dtype: DType,
+}
+
 /// An opened wgpu adapter: the device, its queue, its memory pool, its
 /// pipeline cache and its fallback counters.
 pub struct GpuDevice {
@@ -420,21 +428,51 @@ impl GpuDevice {
         n: usize,
         dtype: DType,
     ) -> Result<CpuStorage> {
+        let pending = self.download_start(buf, offset, n, dtype)?;
+        self.download_finish(pending)
+    }
+
+    /// Starts reading `n` contiguous elements from element `offset` on;
+    /// work recorded afterwards does not delay [`GpuDevice::download_finish`].
+    pub(crate) fn download_start(
+        &self,
+        buf: &GpuBuffer,
+        offset: usize,
+        n: usize,
+        dtype: DType,
+    ) -> Result<PendingDownload> {
         let es = dtype.size_in_bytes() as u64;
         let start = offset as u64 * es;
         let end = start + n as u64 * es;
         if n == 0 {
-            return Ok(CpuStorage::from_bytes(dtype, &[]));
+            return Ok(PendingDownload {
+                bytes: None,
+                skip: 0,
+                len: 0,
+                dtype,
+            });
         }
         // copies must start and end on 4-byte boundaries
         let aligned = start & !3;
         let bytes = self
             .ctx
-            .read(buf.raw(), aligned, end.next_multiple_of(4) - aligned)?;
-        let skip = (start - aligned) as usize;
-        Ok(CpuStorage::from_bytes(
+            .read_start(buf.raw(), aligned, end.next_multiple_of(4) - aligned)?;
+        Ok(PendingDownload {
+            bytes: Some(bytes),
+            skip: (start - aligned) as usize,
+            len: (end - start) as usize,
             dtype,
-            &bytes[skip..skip + (end - start) as usize],
+        })
+    }
+
+    pub(crate) fn download_finish(&self, pending: PendingDownload) -> Result<CpuStorage> {
+        let Some(bytes) = pending.bytes else {
+            return Ok(CpuStorage::from_bytes(pending.dtype, &[]));
+        };
+        let bytes = self.ctx.read_finish(bytes)?;
+        Ok(CpuStorage::from_bytes(
+            pending.dtype,
+            &bytes[pending.skip..pending.skip + pending.len],
         ))
     }
 }
