@@ -235,49 +235,60 @@ pub(super) fn block_u8<const F: u8>(blk: &[u8]) -> ([u8; QB], f32, f32) {
     (u, d, m)
 }
 
-/// `out[i * m + r] = w_{j0 + i} · x_r` for `out.len() / m` rows of `w`
-/// (rows of `row_bytes` each) from row `j0` on, and every row `r` of `x`.
-/// The kernels are given the rest of `w` after each row: where it holds
-/// more bytes, they read past the row without masking (and ignore them).
-#[allow(clippy::too_many_arguments)] // the kernels' inputs, as they are
+/// Rows of a quantized weight from row `first` on: the blocks of row `i`
+/// start at byte `i * row_bytes` of `bytes`.
+#[derive(Clone, Copy)]
+pub(crate) struct WeightRows<'a> {
+    pub format: QuantFormat,
+    pub bytes: &'a [u8],
+    pub first: usize,
+    pub row_bytes: usize,
+}
+
+impl<'a> WeightRows<'a> {
+    /// Row `first + i` and every byte after it.
+    pub fn row_on(&self, i: usize) -> &'a [u8] {
+        &self.bytes[(self.first + i) * self.row_bytes..]
+    }
+
+    /// The same rows from row `first + i` on.
+    pub fn skip(self, i: usize) -> Self {
+        Self {
+            first: self.first + i,
+            ..self
+        }
+    }
+}
+
+/// `out[i * m + r] = w_{first + i} · x_r` for `out.len() / m` rows of `w`
+/// and every row `r` of `x`. The kernels are given the rest of `w` after
+/// each row: where it holds more bytes, they read past the row without
+/// masking (and ignore them).
 pub(crate) fn dot_rows(
     path: Path,
-    format: QuantFormat,
-    w: &[u8],
-    j0: usize,
-    row_bytes: usize,
+    w: WeightRows<'_>,
     x: &QuantizedRows,
     m: usize,
     out: &mut [f32],
 ) {
     match path {
-        Path::Scalar => dot_rows_on(path, format, w, j0, row_bytes, x, m, out),
+        Path::Scalar => dot_rows_on(path, w, x, m, out),
         // SAFETY: `Path::detect` (or the test that forces a path) checked
         // that the processor has the features these functions enable
         #[cfg(target_arch = "x86_64")]
-        Path::Avx2 => unsafe { x86::dot_rows_avx2(format, w, j0, row_bytes, x, m, out) },
+        Path::Avx2 => unsafe { x86::dot_rows_avx2(w, x, m, out) },
         #[cfg(target_arch = "x86_64")]
-        Path::Avx512Vnni => unsafe { x86::dot_rows_avx512(format, w, j0, row_bytes, x, m, out) },
+        Path::Avx512Vnni => unsafe { x86::dot_rows_avx512(w, x, m, out) },
     }
 }
 
 /// The loop of [`dot_rows`], inlined into a version per path so that each
 /// row's kernel is inlined too.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn dot_rows_on(
-    path: Path,
-    format: QuantFormat,
-    w: &[u8],
-    j0: usize,
-    row_bytes: usize,
-    x: &QuantizedRows,
-    m: usize,
-    out: &mut [f32],
-) {
-    let f = code(format);
+fn dot_rows_on(path: Path, w: WeightRows<'_>, x: &QuantizedRows, m: usize, out: &mut [f32]) {
+    let f = code(w.format);
     for (i, dst) in out.chunks_exact_mut(m).enumerate() {
-        let row = &w[(j0 + i) * row_bytes..];
+        let row = w.row_on(i);
         let mut r = 0;
         while r < m {
             let tile = (m - r).min(4);
@@ -346,7 +357,7 @@ mod x86 {
     //! the end of the row and is copied to a zeroed buffer first, so that no
     //! load reads past the row.
 
-    use super::{GB, Path, QB, QuantFormat, QuantizedRows, f16_le, layout_of};
+    use super::{GB, Path, QB, QuantizedRows, WeightRows, f16_le, layout_of};
     use std::arch::x86_64::*;
 
     /// The blocks `b0..` of `row`, whole if `nb - b0 >= n`, otherwise the
@@ -388,31 +399,23 @@ mod x86 {
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn dot_rows_avx2(
-        format: QuantFormat,
-        w: &[u8],
-        j0: usize,
-        row_bytes: usize,
+        w: WeightRows<'_>,
         x: &QuantizedRows,
         m: usize,
         out: &mut [f32],
     ) {
-        super::dot_rows_on(Path::Avx2, format, w, j0, row_bytes, x, m, out)
+        super::dot_rows_on(Path::Avx2, w, x, m, out)
     }
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
-    #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn dot_rows_avx512(
-        format: QuantFormat,
-        w: &[u8],
-        j0: usize,
-        row_bytes: usize,
+        w: WeightRows<'_>,
         x: &QuantizedRows,
         m: usize,
         out: &mut [f32],
     ) {
-        super::dot_rows_on(Path::Avx512Vnni, format, w, j0, row_bytes, x, m, out)
+        super::dot_rows_on(Path::Avx512Vnni, w, x, m, out)
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -754,14 +757,36 @@ mod tests {
                     let wf = crate::quant::dequantize(format, &wb);
                     let rb = format.bytes_for(k);
                     let mut reference = vec![0f32; n * m];
-                    dot_rows(Path::Scalar, format, &wb, 0, rb, &xq, m, &mut reference);
+                    dot_rows(
+                        Path::Scalar,
+                        WeightRows {
+                            format,
+                            bytes: &wb,
+                            first: 0,
+                            row_bytes: rb,
+                        },
+                        &xq,
+                        m,
+                        &mut reference,
+                    );
                     // the kernel itself is exact up to f32 rounding
                     let exact = product_t(&dequantized(&xq, m), &wf, m, n, k);
                     let e = rel_err(&reference, &exact);
                     assert!(e < 1e-5, "{format} scalar k {k} m {m} n {n}: {e}");
                     for path in Path::available() {
                         let mut got = vec![0f32; n * m];
-                        dot_rows(path, format, &wb, 0, rb, &xq, m, &mut got);
+                        dot_rows(
+                            path,
+                            WeightRows {
+                                format,
+                                bytes: &wb,
+                                first: 0,
+                                row_bytes: rb,
+                            },
+                            &xq,
+                            m,
+                            &mut got,
+                        );
                         let e = rel_err(&got, &reference);
                         assert!(
                             e < 1e-5,
@@ -807,10 +832,32 @@ mod tests {
                 blk[..4].copy_from_slice(&[0x00, 0x7e, 0x00, 0x7e]);
             }
             let mut want = vec![0f32; 2];
-            dot_rows(Path::Scalar, format, &wb[..rb], 0, rb, &xq, 2, &mut want);
+            dot_rows(
+                Path::Scalar,
+                WeightRows {
+                    format,
+                    bytes: &wb[..rb],
+                    first: 0,
+                    row_bytes: rb,
+                },
+                &xq,
+                2,
+                &mut want,
+            );
             for path in Path::available() {
                 let mut got = vec![0f32; 2];
-                dot_rows(path, format, &wb, 0, rb, &xq, 2, &mut got);
+                dot_rows(
+                    path,
+                    WeightRows {
+                        format,
+                        bytes: &wb,
+                        first: 0,
+                        row_bytes: rb,
+                    },
+                    &xq,
+                    2,
+                    &mut got,
+                );
                 assert!(
                     rel_err(&got, &want) < 1e-5,
                     "{format} {path:?}: {got:?} vs {want:?}"
@@ -830,7 +877,18 @@ mod tests {
             let wf = crate::quant::dequantize(format, &wb);
             for path in Path::available() {
                 let mut got = vec![0f32; 6];
-                dot_rows(path, format, &wb, 0, format.bytes_for(k), &xq, 2, &mut got);
+                dot_rows(
+                    path,
+                    WeightRows {
+                        format,
+                        bytes: &wb,
+                        first: 0,
+                        row_bytes: format.bytes_for(k),
+                    },
+                    &xq,
+                    2,
+                    &mut got,
+                );
                 for j in 0..3 {
                     assert_eq!(got[2 * j], 0.0, "{format} {path:?}");
                     let want: f32 = wf[j * k..(j + 1) * k].iter().map(|w| w * 1.5).sum();

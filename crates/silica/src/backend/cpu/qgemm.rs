@@ -10,8 +10,7 @@
 //! of x. The panel is a few kilobytes: the quantized matrix is never copied
 //! whole.
 
-use super::qdot::{GB, Path, QB, QuantizedRows, block_u8, code, layout_of};
-use crate::quant::QuantFormat;
+use super::qdot::{GB, Path, QB, QuantizedRows, WeightRows, block_u8, code, layout_of};
 
 /// Weight rows per panel.
 pub(crate) const NR: usize = 4;
@@ -50,7 +49,7 @@ impl Panel {
     /// Decodes rows `j0..j0 + live` (`live <= NR`) of `w`, `nb` blocks
     /// each. What lies past the `nb` blocks stays zero from `new`.
     #[inline(always)]
-    fn fill<const F: u8>(&mut self, w: &[u8], j0: usize, live: usize, row_bytes: usize, nb: usize) {
+    fn fill<const F: u8>(&mut self, w: WeightRows<'_>, live: usize, nb: usize) {
         if live < NR {
             // the rows past the matrix, which a previous fill may have set
             self.u.fill(0);
@@ -59,7 +58,7 @@ impl Panel {
         }
         let bb = layout_of(F).0;
         for c in 0..live {
-            let row = &w[(j0 + c) * row_bytes..][..nb * bb];
+            let row = &w.row_on(c)[..nb * bb];
             for (b, blk) in row.chunks_exact(bb).enumerate() {
                 let (u, dw, mw) = block_u8::<F>(blk);
                 let (g, t) = (b / GB, b % GB);
@@ -74,57 +73,41 @@ impl Panel {
     }
 }
 
-/// As `qdot::dot_rows`: `out[i * m + r] = w_{j0 + i} · x_r` for the
-/// `out.len() / m` rows of `w` from row `j0` on and every row `r` of x, by
-/// tiles. Only [`Path::Avx512Vnni`] and [`Path::Scalar`] (the definition,
-/// for tests) have tile kernels: other paths take the row dots.
-#[allow(clippy::too_many_arguments)] // the kernels' inputs, as they are
+/// As `qdot::dot_rows`: `out[i * m + r] = w_{first + i} · x_r` for the
+/// `out.len() / m` rows of `w` and every row `r` of x, by tiles. Only
+/// [`Path::Avx512Vnni`] and [`Path::Scalar`] (the definition, for tests)
+/// have tile kernels: other paths take the row dots.
 pub(crate) fn gemm_rows(
     path: Path,
-    format: QuantFormat,
-    w: &[u8],
-    j0: usize,
-    row_bytes: usize,
+    w: WeightRows<'_>,
     x: &QuantizedRows,
     m: usize,
     out: &mut [f32],
 ) {
     match path {
-        Path::Scalar => gemm_rows_on(path, format, w, j0, row_bytes, x, m, out),
+        Path::Scalar => gemm_rows_on(path, w, x, m, out),
         // SAFETY: `Path::detect` (or the test that forces a path) checked
         // that the processor has the features this function enables
         #[cfg(target_arch = "x86_64")]
-        Path::Avx512Vnni => unsafe { x86::gemm_rows_avx512(format, w, j0, row_bytes, x, m, out) },
+        Path::Avx512Vnni => unsafe { x86::gemm_rows_avx512(w, x, m, out) },
         #[cfg(target_arch = "x86_64")]
-        Path::Avx2 => super::qdot::dot_rows(path, format, w, j0, row_bytes, x, m, out),
+        Path::Avx2 => super::qdot::dot_rows(path, w, x, m, out),
     }
 }
 
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn gemm_rows_on(
-    path: Path,
-    format: QuantFormat,
-    w: &[u8],
-    j0: usize,
-    row_bytes: usize,
-    x: &QuantizedRows,
-    m: usize,
-    out: &mut [f32],
-) {
-    match code(format) {
-        0 => gemm_rows_of::<0>(path, w, j0, row_bytes, x, m, out),
-        1 => gemm_rows_of::<1>(path, w, j0, row_bytes, x, m, out),
-        _ => gemm_rows_of::<2>(path, w, j0, row_bytes, x, m, out),
+fn gemm_rows_on(path: Path, w: WeightRows<'_>, x: &QuantizedRows, m: usize, out: &mut [f32]) {
+    match code(w.format) {
+        0 => gemm_rows_of::<0>(path, w, x, m, out),
+        1 => gemm_rows_of::<1>(path, w, x, m, out),
+        _ => gemm_rows_of::<2>(path, w, x, m, out),
     }
 }
 
 #[inline(always)]
 fn gemm_rows_of<const F: u8>(
     path: Path,
-    w: &[u8],
-    j0: usize,
-    row_bytes: usize,
+    w: WeightRows<'_>,
     x: &QuantizedRows,
     m: usize,
     out: &mut [f32],
@@ -135,7 +118,7 @@ fn gemm_rows_of<const F: u8>(
     let mut panel = Panel::new(x);
     for (p, dst) in out.chunks_mut(NR * m).enumerate() {
         let live = dst.len() / m;
-        panel.fill::<F>(w, j0 + p * NR, live, row_bytes, x.nb);
+        panel.fill::<F>(w.skip(p * NR), live, x.nb);
         let mut r = 0;
         while r < m {
             let tile = (m - r).min(MR);
@@ -200,21 +183,17 @@ fn tile_scalar<const R: usize>(p: &Panel, x: &QuantizedRows, r0: usize) -> [[f32
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{GB, NR, Panel, QB, QuantFormat, QuantizedRows};
+    use super::{GB, NR, Panel, QB, QuantizedRows, WeightRows};
     use std::arch::x86_64::*;
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
-    #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn gemm_rows_avx512(
-        format: QuantFormat,
-        w: &[u8],
-        j0: usize,
-        row_bytes: usize,
+        w: WeightRows<'_>,
         x: &QuantizedRows,
         m: usize,
         out: &mut [f32],
     ) {
-        super::gemm_rows_on(super::Path::Avx512Vnni, format, w, j0, row_bytes, x, m, out)
+        super::gemm_rows_on(super::Path::Avx512Vnni, w, x, m, out)
     }
 
     /// Per group of 4 blocks and pair (row of x, row of the panel): two
@@ -297,6 +276,7 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::quant::QuantFormat;
 
     fn values(n: usize, seed: u64) -> Vec<f32> {
         use rand::{Rng, SeedableRng};
@@ -338,17 +318,30 @@ mod tests {
                         let mut want = vec![0f32; n * m];
                         crate::backend::cpu::qdot::dot_rows(
                             Path::Scalar,
-                            format,
-                            &wb,
-                            0,
-                            rb,
+                            WeightRows {
+                                format,
+                                bytes: &wb,
+                                first: 0,
+                                row_bytes: rb,
+                            },
                             &xq,
                             m,
                             &mut want,
                         );
                         for j0 in [0, n / 2] {
                             let mut got = vec![0f32; (n - j0) * m];
-                            gemm_rows(path, format, &wb, j0, rb, &xq, m, &mut got);
+                            gemm_rows(
+                                path,
+                                WeightRows {
+                                    format,
+                                    bytes: &wb,
+                                    first: j0,
+                                    row_bytes: rb,
+                                },
+                                &xq,
+                                m,
+                                &mut got,
+                            );
                             // per value (the offsets of Q4_0 and Q8_0 cancel much
                             // of the sum), and over all values
                             let want = &want[j0 * m..];

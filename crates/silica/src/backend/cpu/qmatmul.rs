@@ -57,6 +57,12 @@ pub fn qmatmul(
             && let Some(path) = qdot::Path::detect()
         {
             let xq = qdot::QuantizedRows::new(path, &xs, m, k);
+            let w = qdot::WeightRows {
+                format,
+                bytes: wb,
+                first: 0,
+                row_bytes,
+            };
             // tiles for many rows of x, row dots for few (decode)
             let tiled = m >= GEMM_MIN_M;
             let mut rows = int8_task_rows(n, m, k);
@@ -68,9 +74,9 @@ pub fn qmatmul(
                 .enumerate()
                 .for_each(|(t, dst)| {
                     if tiled {
-                        qgemm::gemm_rows(path, format, wb, t * rows, row_bytes, &xq, m, dst);
+                        qgemm::gemm_rows(path, w.skip(t * rows), &xq, m, dst);
                     } else {
-                        qdot::dot_rows(path, format, wb, t * rows, row_bytes, &xq, m, dst);
+                        qdot::dot_rows(path, w.skip(t * rows), &xq, m, dst);
                     }
                 });
         } else if m <= DOT_MAX_M {
