@@ -15,7 +15,9 @@ use silica::{DType, Device};
 use silica_models::gguf::GgufFile;
 use silica_models::llama::{Llama, LoadOptions};
 use silica_models::resolve::resolve_decoder;
-use silica_models::sampling::argmax;
+
+#[path = "common/greedy.rs"]
+mod greedy;
 
 /// Steps checked after each golden prompt.
 const STEPS: usize = 24;
@@ -39,31 +41,6 @@ fn ids_of(v: &Value) -> Vec<u32> {
         .collect()
 }
 
-/// Logits of every step of a greedy continuation of `ids`: the step that
-/// chooses token i sees the prompt and tokens 0..i of `forced` when given,
-/// else the model's own greedy choices. Returns the tokens and the logits.
-fn run(model: &Llama, ids: &[u32], n: usize, forced: Option<&[u32]>) -> (Vec<u32>, Vec<Vec<f32>>) {
-    let mut cache = model.new_cache();
-    let mut l: Vec<f32> = model
-        .forward(ids, &mut cache, true)
-        .unwrap()
-        .to_vec()
-        .unwrap();
-    let mut out = Vec::new();
-    let mut logits = Vec::new();
-    while out.len() < n {
-        let next = forced.map_or_else(|| argmax(&l), |f| f[out.len()]);
-        out.push(argmax(&l));
-        logits.push(std::mem::take(&mut l));
-        l = model
-            .forward(&[next], &mut cache, true)
-            .unwrap()
-            .to_vec()
-            .unwrap();
-    }
-    (out, logits)
-}
-
 #[test]
 fn int8_activations_follow_dequantized_weights() {
     silica::set_cpu_int8_activations(true);
@@ -83,8 +60,8 @@ fn int8_activations_follow_dequantized_weights() {
     for prompt in golden["prompts"].as_array().unwrap() {
         let name = prompt["name"].as_str().unwrap();
         let ids = ids_of(&prompt["ids"]);
-        let (want, want_logits) = run(&reference, &ids, STEPS, None);
-        let (got, got_logits) = run(&quantized, &ids, STEPS, Some(&want));
+        let (want, want_logits) = greedy::run(&reference, &ids, STEPS, None);
+        let (got, got_logits) = greedy::run(&quantized, &ids, STEPS, Some(&want));
         let mut flips = 0;
         for (i, (a, b)) in got_logits.iter().zip(&want_logits).enumerate() {
             assert_eq!(a.len(), b.len());

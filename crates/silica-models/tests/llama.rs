@@ -12,6 +12,9 @@ use silica_models::resolve::resolve_decoder;
 use silica_models::sampling::{Sampler, SamplingParams, argmax};
 use silica_models::tokenizer::Tokenizer;
 
+#[path = "common/greedy.rs"]
+mod greedy;
+
 const MAX_ABS_ERR: f32 = 1e-3;
 
 fn golden() -> Value {
@@ -177,24 +180,6 @@ fn quantized_weights_generate_what_dequantized_ones_do() {
     let path = resolve_decoder(None).expect("the default decoder resolves");
     let gguf = GgufFile::open(&path).unwrap();
     let golden = golden();
-    let greedy = |model: &Llama, ids: &[u32], n: usize| -> Vec<u32> {
-        let mut cache = model.new_cache();
-        let mut l: Vec<f32> = model
-            .forward(ids, &mut cache, true)
-            .unwrap()
-            .to_vec()
-            .unwrap();
-        let mut out = Vec::new();
-        while out.len() < n {
-            out.push(argmax(&l));
-            l = model
-                .forward(&[argmax(&l)], &mut cache, true)
-                .unwrap()
-                .to_vec()
-                .unwrap();
-        }
-        out
-    };
     for dev in devices() {
         let opts = |dequantize| LoadOptions {
             dtype: DType::F32,
@@ -210,8 +195,8 @@ fn quantized_weights_generate_what_dequantized_ones_do() {
         for prompt in prompts {
             let ids = ids_of(&prompt["ids"]);
             assert_eq!(
-                greedy(&quantized, &ids, n),
-                greedy(&reference, &ids, n),
+                greedy::run(&quantized, &ids, n, None).0,
+                greedy::run(&reference, &ids, n, None).0,
                 "{dev} {}: quantized and dequantized weights disagree",
                 prompt["name"]
             );
