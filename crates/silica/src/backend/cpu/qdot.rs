@@ -246,6 +246,16 @@ pub(crate) struct WeightRows<'a> {
 }
 
 impl<'a> WeightRows<'a> {
+    /// The rows of `bytes` from the first on.
+    pub fn new(format: QuantFormat, bytes: &'a [u8], row_bytes: usize) -> Self {
+        Self {
+            format,
+            bytes,
+            first: 0,
+            row_bytes,
+        }
+    }
+
     /// Row `first + i` and every byte after it.
     pub fn row_on(&self, i: usize) -> &'a [u8] {
         &self.bytes[(self.first + i) * self.row_bytes..]
@@ -759,12 +769,7 @@ mod tests {
                     let mut reference = vec![0f32; n * m];
                     dot_rows(
                         Path::Scalar,
-                        WeightRows {
-                            format,
-                            bytes: &wb,
-                            first: 0,
-                            row_bytes: rb,
-                        },
+                        WeightRows::new(format, &wb, rb),
                         &xq,
                         m,
                         &mut reference,
@@ -775,18 +780,7 @@ mod tests {
                     assert!(e < 1e-5, "{format} scalar k {k} m {m} n {n}: {e}");
                     for path in Path::available() {
                         let mut got = vec![0f32; n * m];
-                        dot_rows(
-                            path,
-                            WeightRows {
-                                format,
-                                bytes: &wb,
-                                first: 0,
-                                row_bytes: rb,
-                            },
-                            &xq,
-                            m,
-                            &mut got,
-                        );
+                        dot_rows(path, WeightRows::new(format, &wb, rb), &xq, m, &mut got);
                         let e = rel_err(&got, &reference);
                         assert!(
                             e < 1e-5,
@@ -834,30 +828,14 @@ mod tests {
             let mut want = vec![0f32; 2];
             dot_rows(
                 Path::Scalar,
-                WeightRows {
-                    format,
-                    bytes: &wb[..rb],
-                    first: 0,
-                    row_bytes: rb,
-                },
+                WeightRows::new(format, &wb[..rb], rb),
                 &xq,
                 2,
                 &mut want,
             );
             for path in Path::available() {
                 let mut got = vec![0f32; 2];
-                dot_rows(
-                    path,
-                    WeightRows {
-                        format,
-                        bytes: &wb,
-                        first: 0,
-                        row_bytes: rb,
-                    },
-                    &xq,
-                    2,
-                    &mut got,
-                );
+                dot_rows(path, WeightRows::new(format, &wb, rb), &xq, 2, &mut got);
                 assert!(
                     rel_err(&got, &want) < 1e-5,
                     "{format} {path:?}: {got:?} vs {want:?}"
@@ -879,12 +857,7 @@ mod tests {
                 let mut got = vec![0f32; 6];
                 dot_rows(
                     path,
-                    WeightRows {
-                        format,
-                        bytes: &wb,
-                        first: 0,
-                        row_bytes: format.bytes_for(k),
-                    },
+                    WeightRows::new(format, &wb, format.bytes_for(k)),
                     &xq,
                     2,
                     &mut got,

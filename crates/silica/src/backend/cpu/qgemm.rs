@@ -318,12 +318,7 @@ mod tests {
                         let mut want = vec![0f32; n * m];
                         crate::backend::cpu::qdot::dot_rows(
                             Path::Scalar,
-                            WeightRows {
-                                format,
-                                bytes: &wb,
-                                first: 0,
-                                row_bytes: rb,
-                            },
+                            WeightRows::new(format, &wb, rb),
                             &xq,
                             m,
                             &mut want,
@@ -332,12 +327,7 @@ mod tests {
                             let mut got = vec![0f32; (n - j0) * m];
                             gemm_rows(
                                 path,
-                                WeightRows {
-                                    format,
-                                    bytes: &wb,
-                                    first: j0,
-                                    row_bytes: rb,
-                                },
+                                WeightRows::new(format, &wb, rb).skip(j0),
                                 &xq,
                                 m,
                                 &mut got,

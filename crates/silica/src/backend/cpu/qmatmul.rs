@@ -57,12 +57,7 @@ pub fn qmatmul(
             && let Some(path) = qdot::Path::detect()
         {
             let xq = qdot::QuantizedRows::new(path, &xs, m, k);
-            let w = qdot::WeightRows {
-                format,
-                bytes: wb,
-                first: 0,
-                row_bytes,
-            };
+            let w = qdot::WeightRows::new(format, wb, row_bytes);
             // tiles for many rows of x, row dots for few (decode)
             let tiled = m >= GEMM_MIN_M;
             let mut rows = int8_task_rows(n, m, k);
