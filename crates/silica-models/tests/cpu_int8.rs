@@ -10,14 +10,14 @@
 //! so that no other test in the process switches the 8-bit activations off
 //! while it runs.
 
-use serde_json::Value;
 use silica::{DType, Device};
 use silica_models::gguf::GgufFile;
 use silica_models::llama::{Llama, LoadOptions};
 use silica_models::resolve::resolve_decoder;
 
-#[path = "common/greedy.rs"]
-mod greedy;
+#[path = "common/decoder.rs"]
+mod decoder;
+use decoder::{golden, greedy, ids_of};
 
 /// Steps checked after each golden prompt.
 const STEPS: usize = 24;
@@ -33,22 +33,13 @@ const MAX_REL_ERR: f64 = 0.1;
 /// way. Measured: one such step in each golden prompt, leads of 0.08-0.16.
 const NEAR_TIE: f32 = 0.25;
 
-fn ids_of(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .expect("an id list")
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
 #[test]
 fn int8_activations_follow_dequantized_weights() {
     silica::set_cpu_int8_activations(true);
     assert!(silica::cpu_int8_activations());
     let path = resolve_decoder(None).expect("the default decoder resolves");
     let gguf = GgufFile::open(&path).unwrap();
-    let golden: Value =
-        serde_json::from_str(include_str!("golden/smollm2.json")).expect("golden file parses");
+    let golden = golden();
     let dev = Device::cpu();
     let opts = |dequantize| LoadOptions {
         dtype: DType::F32,
@@ -60,8 +51,8 @@ fn int8_activations_follow_dequantized_weights() {
     for prompt in golden["prompts"].as_array().unwrap() {
         let name = prompt["name"].as_str().unwrap();
         let ids = ids_of(&prompt["ids"]);
-        let (want, want_logits) = greedy::run(&reference, &ids, STEPS, None);
-        let (got, got_logits) = greedy::run(&quantized, &ids, STEPS, Some(&want));
+        let (want, want_logits) = greedy(&reference, &ids, STEPS, None);
+        let (got, got_logits) = greedy(&quantized, &ids, STEPS, Some(&want));
         let mut flips = 0;
         for (i, (a, b)) in got_logits.iter().zip(&want_logits).enumerate() {
             assert_eq!(a.len(), b.len());

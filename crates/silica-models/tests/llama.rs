@@ -12,22 +12,11 @@ use silica_models::resolve::resolve_decoder;
 use silica_models::sampling::{Sampler, SamplingParams, argmax};
 use silica_models::tokenizer::Tokenizer;
 
-#[path = "common/greedy.rs"]
-mod greedy;
+#[path = "common/decoder.rs"]
+mod decoder;
+use decoder::{golden, greedy, ids_of};
 
 const MAX_ABS_ERR: f32 = 1e-3;
-
-fn golden() -> Value {
-    serde_json::from_str(include_str!("golden/smollm2.json")).expect("golden file parses")
-}
-
-fn ids_of(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .expect("an id list")
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
 
 /// Devices to check: the CPU and every GPU adapter (a failure, not a skip,
 /// when `SILICA_REQUIRE_GPU=1` and there is none).
@@ -195,8 +184,8 @@ fn quantized_weights_generate_what_dequantized_ones_do() {
         for prompt in prompts {
             let ids = ids_of(&prompt["ids"]);
             assert_eq!(
-                greedy::run(&quantized, &ids, n, None).0,
-                greedy::run(&reference, &ids, n, None).0,
+                greedy(&quantized, &ids, n, None).0,
+                greedy(&reference, &ids, n, None).0,
                 "{dev} {}: quantized and dequantized weights disagree",
                 prompt["name"]
             );
