@@ -620,23 +620,19 @@ impl Llama {
             Embedding::Quant(q) => q.embedding(&ids_t, self.dtype)?,
         }; // [t, d]
         let eps = c.rms_eps as f32;
-        let opts = AttentionOpts::causal(hd);
+        let scale = AttentionOpts::causal(hd).scale;
         for (li, l) in self.layers.iter().enumerate() {
-            // [t, query heads, then key heads, then value heads, hd]: the
-            // queries and keys rotated, the values carried along
+            // [t, query heads, then key heads, then value heads, hd]
             let qkv = l
                 .qkv
                 .apply(&x, (&l.attn_norm, eps), l.bqkv.as_ref())?
-                .reshape(&[t, h + 2 * kvh, hd])?
-                .rope_heads(&cos, &sin, c.rope_style, h + kvh)?;
-            let q = qkv.narrow(1, 0, h)?;
-            // rows past `len` are not part of the cache until the step succeeds
-            cache.kv[li].slice_assign(start, &qkv.narrow(1, h, 2 * kvh)?)?;
-            let kv_all = cache.kv[li].narrow(0, 0, total)?;
-            let k_all = kv_all.narrow(1, 0, kvh)?;
-            let v_all = kv_all.narrow(1, kvh, kvh)?;
-            let att = q
-                .attention(&k_all, &v_all, None, opts)?
+                .reshape(&[t, h + 2 * kvh, hd])?;
+            // rotates the queries and keys, writes the keys and values at
+            // `start..total` (rows past `len` are not part of the cache
+            // until the step succeeds) and attends over `0..total`
+            let rope = (&cos, &sin, c.rope_style);
+            let att = qkv
+                .cached_attention(&mut cache.kv[li], start, rope, h, scale)?
                 .reshape(&[t, h * hd])?;
             x = l.wo.add_to(&att, &x)?;
             let act = l.gate_up.swiglu(&x, (&l.ffn_norm, eps))?; // [t, ffn]

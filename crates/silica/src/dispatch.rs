@@ -91,10 +91,46 @@ fn check_against_cpu(op: &Op, inputs: &[&Tensor], gpu_out: &Tensor) -> Result<()
     let reference =
         crate::backend::cpu::exact(|| run_on_cpu(op, inputs, gpu_out.shape(), gpu_out.dtype()))?
             .to_f64();
-    let got = gpu_out.to_f64_vec()?;
     let tol = check_tolerance(op, gpu_out.dtype());
+    let shapes = inputs.iter().map(|t| t.shape().to_vec()).collect();
+    let input = (inputs[0].dtype(), shapes);
+    check_close(op.name(), input, &reference, gpu_out, tol)
+}
+
+/// `SILICA_CHECK=1` for a fused step of several ops: compares the GPU's
+/// result `got` with `reference` (the same ops' CPU results, in f64) at
+/// the tolerance of `like` (the op whose rounding the step shares).
+pub(crate) fn check_fused(
+    name: &'static str,
+    like: &Op,
+    shapes: Vec<Vec<usize>>,
+    reference: &Tensor,
+    got: &Tensor,
+) -> Result<()> {
+    let tol = check_tolerance(like, got.dtype());
+    check_close(
+        name,
+        (got.dtype(), shapes),
+        &reference.to_f64_vec()?,
+        got,
+        tol,
+    )
+}
+
+/// The element of `got` furthest from `reference` beyond `tol * (1 +
+/// |reference|)`, as an error naming the op's input (dtype and shapes);
+/// NaN matches NaN.
+fn check_close(
+    op: &'static str,
+    (dtype, shapes): (DType, Vec<Vec<usize>>),
+    reference: &[f64],
+    got: &Tensor,
+    tol: f64,
+) -> Result<()> {
+    let gpu_out = got;
+    let got = gpu_out.to_f64_vec()?;
     let mut worst: Option<(usize, f64)> = None;
-    for (i, (g, r)) in got.iter().zip(&reference).enumerate() {
+    for (i, (g, r)) in got.iter().zip(reference).enumerate() {
         let both_nan = g.is_nan() && r.is_nan();
         let err = if both_nan || g == r {
             0.0
@@ -109,10 +145,10 @@ fn check_against_cpu(op: &Op, inputs: &[&Tensor], gpu_out: &Tensor) -> Result<()
     match worst {
         None => Ok(()),
         Some((index, max_abs_err)) => Err(Error::CheckFailed {
-            op: op.name(),
+            op,
             device: gpu_out.device().to_string(),
-            dtype: inputs[0].dtype(),
-            shapes: inputs.iter().map(|t| t.shape().to_vec()).collect(),
+            dtype,
+            shapes,
             max_abs_err,
             index,
             tolerance: tol,

@@ -45,7 +45,7 @@ pub(crate) struct MemoryPool {
     /// Bind groups of whole buffers, by the buffers they bind (see
     /// [`MemoryPool::bind_group`]). A bind group keeps its buffers alive, so
     /// the cache is emptied whenever the pool lets buffers go.
-    bind_groups: Mutex<HashMap<Vec<wgpu::Buffer>, wgpu::BindGroup>>,
+    bind_groups: Mutex<HashMap<(usize, Vec<wgpu::Buffer>), wgpu::BindGroup>>,
 }
 
 /// Bind group entries of whole tensor buffers at bindings 1.., in order
@@ -115,11 +115,11 @@ impl MemoryPool {
         }
     }
 
-    /// A bind group of `inputs` then `output`, whole, at bindings 1.. of
-    /// `layout` (binding
-    /// 0 is the parameter block's, which a kernel reading its parameters
-    /// from immediates does not have; every caller passes the layout that
-    /// belongs to the list's length). Kernels
+    /// A bind group of `inputs` then `outputs`, whole, at bindings 1.. of
+    /// `layout` (binding 0 is the parameter block's, which a kernel reading
+    /// its parameters from immediates does not have; every caller passes
+    /// the layout that belongs to the lists' lengths, so the group is found
+    /// again by the buffers and the number of inputs). Kernels
     /// that read their parameters from immediates bind nothing else, and a
     /// model run again and again binds the same buffers, so the group is
     /// made once and then found here.
@@ -128,11 +128,10 @@ impl MemoryPool {
         layout: &wgpu::BindGroupLayout,
         label: &str,
         inputs: &[&wgpu::Buffer],
-        output: &wgpu::Buffer,
+        outputs: &[&wgpu::Buffer],
     ) -> wgpu::BindGroup {
-        let mut key: Vec<wgpu::Buffer> = Vec::with_capacity(inputs.len() + 1);
-        key.extend(inputs.iter().map(|&b| b.clone()));
-        key.push(output.clone());
+        let buffers: Vec<wgpu::Buffer> = inputs.iter().chain(outputs).map(|&b| b.clone()).collect();
+        let key = (inputs.len(), buffers);
         let mut cache = self.bind_groups.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(g) = cache.get(&key) {
             return g.clone();
@@ -140,7 +139,7 @@ impl MemoryPool {
         let group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some(label),
             layout,
-            entries: &tensor_entries(key.iter()),
+            entries: &tensor_entries(key.1.iter()),
         });
         if cache.len() >= BIND_GROUPS_KEPT {
             cache.clear();

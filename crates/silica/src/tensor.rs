@@ -364,9 +364,7 @@ impl Tensor {
                 ),
             });
         }
-        if !self.is_contiguous() || Arc::get_mut(&mut self.storage).is_none() {
-            *self = self.copy()?;
-        }
+        self.make_own()?;
         let row: usize = self.shape()[1..].iter().product();
         let offset = self.layout.offset() + start * row;
         let device = self.device.clone();
@@ -381,6 +379,15 @@ impl Tensor {
             // invariant: GPU storage is only ever created on a GPU device
             (Storage::Gpu(_), Device::Cpu) => unreachable!("GPU storage on the CPU device"),
         }
+    }
+
+    /// Gives `self` contiguous storage that no other tensor shares (a copy
+    /// when it is a view or shared), so that it can be updated in place.
+    pub(crate) fn make_own(&mut self) -> Result<()> {
+        if !self.is_contiguous() || Arc::get_mut(&mut self.storage).is_none() {
+            *self = self.copy()?;
+        }
+        Ok(())
     }
 
     /// A contiguous copy, even when the tensor already is contiguous.

@@ -9,15 +9,28 @@
 
 mod common;
 
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
-use silica::{DType, Device, Error, FallbackCount, Op, Tensor, UnaryOp};
+use silica::{DType, Device, Error, FallbackCount, GpuDevice, Op, Tensor, UnaryOp};
 
 /// Serializes the tests of this binary: they change per-device modes.
 static DEVICE_STATE: Mutex<()> = Mutex::new(());
 
 fn lock_device_state() -> MutexGuard<'static, ()> {
     DEVICE_STATE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The lock of [`lock_device_state`] and the first GPU adapter, as a device
+/// and as its GPU handle; `None` where there is no GPU (`common` panics
+/// instead when `SILICA_REQUIRE_GPU` is set).
+fn locked_gpu() -> Option<(MutexGuard<'static, ()>, Device, Arc<GpuDevice>)> {
+    let serial = lock_device_state();
+    let dev = common::first_gpu()?;
+    let Device::Gpu(g) = &dev else {
+        panic!("first_gpu returned a non-GPU device: {dev}");
+    };
+    let g = g.clone();
+    Some((serial, dev, g))
 }
 
 fn count(report: &[FallbackCount], op: &str) -> Option<u64> {
@@ -37,12 +50,8 @@ fn assert_same_bits(got: &[f32], want: &[f32], what: &str) {
 
 #[test]
 fn cpu_fallback_strict_and_check_modes() {
-    let _serial = lock_device_state();
-    let Some(dev) = common::first_gpu() else {
+    let Some((_serial, dev, g)) = locked_gpu() else {
         return;
-    };
-    let Device::Gpu(g) = &dev else {
-        panic!("first_gpu returned a non-GPU device: {dev}");
     };
     let cpu = Device::cpu();
     // make sure no earlier state leaks in (the device starts with the env flags)
@@ -247,12 +256,8 @@ fn cpu_fallback_strict_and_check_modes() {
 /// read the storage range back and gather on the host.
 #[test]
 fn check_mode_with_strided_operands() {
-    let _serial = lock_device_state();
-    let Some(dev) = common::first_gpu() else {
+    let Some((_serial, dev, g)) = locked_gpu() else {
         return;
-    };
-    let Device::Gpu(g) = &dev else {
-        panic!("first_gpu returned a non-GPU device: {dev}");
     };
     let cpu = Device::cpu();
     g.set_strict(false);
@@ -279,4 +284,75 @@ fn check_mode_with_strided_operands() {
     let result = run();
     g.set_check(false);
     result.unwrap();
+}
+
+/// A decode step of `cached_attention` is one kernel on a GPU (not rope,
+/// a cache copy and attention), and check mode compares it with the CPU's
+/// composition of those ops, attention and cache row alike.
+#[test]
+fn cached_attention_step_is_one_checked_kernel() {
+    let Some((_serial, dev, g)) = locked_gpu() else {
+        return;
+    };
+    let cpu = Device::cpu();
+    let (h, kvh, hd, start) = (4, 2, 64, 5);
+    let qkv = Tensor::randn(&[1, h + 2 * kvh, hd], DType::F16, 51, &dev).unwrap();
+    let cache0 = Tensor::randn(&[8, 2 * kvh, hd], DType::F16, 52, &dev).unwrap();
+    let angles: Vec<f32> = (0..hd / 2).map(|i| 0.3 + i as f32 * 0.01).collect();
+    let a = Tensor::from_vec(angles, &[1, hd / 2], &cpu).unwrap();
+    let (cos, sin) = (a.cos().unwrap(), a.sin().unwrap());
+    let step = |d: &Device, check: bool| -> silica::Result<(Tensor, Tensor)> {
+        let mut cache = cache0.to_device(d)?.copy()?;
+        let tables = (
+            &cos.to_device(d)?,
+            &sin.to_device(d)?,
+            silica::RopeStyle::Half,
+        );
+        let qkv = qkv.to_device(d)?;
+        g.set_check(check);
+        let out = qkv.cached_attention(&mut cache, start, tables, h, 0.125);
+        g.set_check(false);
+        Ok((out?, cache))
+    };
+    let host = |(out, cache): (Tensor, Tensor)| -> (Vec<f32>, Vec<f32>) {
+        let f = |t: Tensor| t.to_dtype(DType::F32).unwrap().to_vec().unwrap();
+        (f(out), f(cache))
+    };
+    let want = host(step(&cpu, false).unwrap());
+
+    let before = step(&dev, false).unwrap(); // kernels built outside the profile
+    dev.synchronize().unwrap();
+    dev.reset_profile();
+    assert!(dev.set_profiling(true), "{dev}: profiling did not start");
+    let got = step(&dev, false).unwrap();
+    dev.synchronize().unwrap();
+    dev.set_profiling(false);
+    let report = dev.profile_report();
+    // the copies are the test's own (the cache and the tables uploaded)
+    let kernels: Vec<(&str, u64)> = report
+        .iter()
+        .filter(|k| !k.name.starts_with("copy"))
+        .map(|k| (k.name.as_str(), k.dispatches))
+        .collect();
+    assert_eq!(kernels, [("attention_step", 1)], "{report:?}");
+    let got = host(got);
+    assert_eq!(host(before), got, "two runs of the same step differ");
+
+    let checked = host(step(&dev, true).expect("cached_attention under check mode"));
+    for (what, g, c, w) in [
+        ("attention", &got.0, &checked.0, &want.0),
+        ("cache", &got.1, &checked.1, &want.1),
+    ] {
+        assert_eq!(g, c, "{what}: check mode changed the result");
+        for (i, (x, y)) in g.iter().zip(w).enumerate() {
+            assert!(
+                (x - y).abs() <= 2e-3 + 4e-3 * y.abs(),
+                "{what} {i}: {x} vs CPU {y}"
+            );
+        }
+    }
+    // rows other than the new position are untouched
+    let row = 2 * kvh * hd;
+    assert_eq!(got.1[..start * row], want.1[..start * row]);
+    assert_eq!(got.1[(start + 1) * row..], want.1[(start + 1) * row..]);
 }

@@ -399,8 +399,10 @@ fn forced_matmul_cases(cases: &mut Vec<Case>) {
 /// blocks, the same bytes on every device.
 fn qmatmul_cases(cases: &mut Vec<Case>) {
     // (rows of x, n, k)
-    let shapes: [(&[usize], usize, usize); 7] = [
+    let shapes: [(&[usize], usize, usize); 8] = [
         (&[1, 256], 7, 256),
+        // over 2,048 columns: 4 weight rows per GEMV lane set, not 2
+        (&[1, 256], 2050, 256),
         (&[2, 512], 66, 512),
         (&[5, 768], 34, 768),
         (&[8, 256], 130, 256),
@@ -546,6 +548,7 @@ fn all_cases() -> Vec<Case> {
     qmatmul_fused_cases(&mut cases);
     data_movement_cases(&mut cases);
     nn_cases(&mut cases);
+    cached_attention_cases(&mut cases);
     cases
 }
 
@@ -745,6 +748,72 @@ fn nn_cases(cases: &mut Vec<Case>) {
                     q.attention(&k, &v, mask.as_ref(), opts)
                 });
             }
+        }
+    }
+}
+
+/// `cached_attention`: on a GPU a single new position with a head size that
+/// is a multiple of 8 (up to 128) and contiguous operands runs as one
+/// kernel (two once the keys span several chunks of 256), anything else as
+/// rope, slice_assign and attention. Each case returns the attention and
+/// the whole cache after the step, side by side, so that the rows written
+/// (and those that must stay as they were) are compared too.
+fn cached_attention_cases(cases: &mut Vec<Case>) {
+    use silica::RopeStyle::{Adjacent, Half};
+    // (new positions, start, capacity, query heads, KV heads, head size,
+    // style, the cache a strided view, the cache shared with a clone)
+    type Step = (
+        usize,
+        usize,
+        usize,
+        usize,
+        usize,
+        usize,
+        silica::RopeStyle,
+        bool,
+        bool,
+    );
+    let steps: [Step; 10] = [
+        (1, 0, 4, 2, 1, 8, Half, false, false),
+        (1, 7, 9, 4, 2, 64, Adjacent, false, false),
+        (1, 255, 300, 2, 2, 128, Half, false, false),
+        (1, 256, 300, 2, 1, 64, Adjacent, false, false),
+        (1, 300, 301, 3, 1, 32, Half, false, true),
+        (1, 9, 12, 2, 2, 16, Adjacent, true, false),
+        (1, 5, 8, 2, 1, 6, Half, false, false),
+        (1, 3, 6, 2, 1, 144, Adjacent, false, false),
+        (3, 4, 10, 4, 2, 16, Adjacent, false, false),
+        (2, 255, 260, 2, 1, 32, Half, false, false),
+    ];
+    for dtype in DType::FLOATS {
+        for (t, start, cap, h, kvh, hd, style, strided, shared) in steps {
+            let name = format!(
+                "cached_attention {dtype} t{t} at {start} of {cap} h{h}/{kvh} d{hd} {style:?} strided {strided} shared {shared}"
+            );
+            case(cases, name, accumulating(dtype), move |d| {
+                let qkv = Tensor::randn(&[t, h + 2 * kvh, hd], dtype, 41, d)?;
+                let kind = if strided {
+                    Kind::Offset
+                } else {
+                    Kind::Contiguous
+                };
+                let mut cache = input(kind, &[cap, 2 * kvh, hd], dtype, 42, d)?;
+                let before = cache.clone();
+                let (cos, sin) = rope_tables(start + t, hd / 2, d)?;
+                let (cos, sin) = (cos.narrow(0, start, t)?, sin.narrow(0, start, t)?);
+                let scale = 1.0 / (hd as f32).sqrt();
+                let out = qkv.cached_attention(&mut cache, start, (&cos, &sin, style), h, scale)?;
+                let mut parts = vec![
+                    out.reshape(&[t * h * hd])?,
+                    cache.reshape(&[cap * 2 * kvh * hd])?,
+                ];
+                if shared {
+                    // the clone taken before the step must not see it
+                    parts.push(before.reshape(&[cap * 2 * kvh * hd])?);
+                }
+                let refs: Vec<&Tensor> = parts.iter().collect();
+                Tensor::cat(&refs, 0)
+            });
         }
     }
 }

@@ -2,8 +2,8 @@
 //! scaled dot-product attention. Each runs as one kernel, where the same
 //! computation written with elementwise ops and matmuls would launch many.
 
-use crate::dispatch::run;
-use crate::{DType, Error, Op, Result, Tensor};
+use crate::dispatch::{check_fused, run};
+use crate::{DType, Device, Error, Op, Result, Tensor};
 
 /// How rotary embeddings pair up the dimensions of a head.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -249,6 +249,126 @@ impl Tensor {
         let refs: Vec<&Tensor> = inputs.iter().collect();
         let out = run(op, &refs, vec![b, tq, h, d], self.dtype())?;
         if rank == 3 { out.squeeze(0) } else { Ok(out) }
+    }
+
+    /// One step of causal attention over a KV cache, rotary embedding and
+    /// cache update included: what a decoder layer does between its QKV
+    /// projection and its output projection.
+    ///
+    /// - `self` is `[T, H + 2 KVH, D]`: the queries, keys and values of `T`
+    ///   new positions side by side, as one stacked projection gives them,
+    ///   not yet rotated;
+    /// - `cache` is `[capacity, 2 KVH, D]`: the keys of positions `0..start`
+    ///   in heads `0..KVH`, their values in heads `KVH..2 KVH`. The step
+    ///   writes positions `start..start + T` into it in place (keys
+    ///   rotated); like [`Tensor::slice_assign`], a cache whose storage is
+    ///   shared with another tensor first gets its own copy;
+    /// - `rope` is the angle tables `cos` and `sin`, F32 `[T, D / 2]`, of
+    ///   the new positions (as in [`Tensor::rope`]) and the pairing style;
+    /// - `heads` is `H`, a multiple of `KVH`; `scale` multiplies `q · k`.
+    ///
+    /// Returns `[T, H, D]`: each new query, rotated, attends to the keys up
+    /// to its own position. The result equals [`Tensor::rope_heads`], then
+    /// [`Tensor::slice_assign`], then [`Tensor::attention`] over the cache's
+    /// first `start + T` rows; on a GPU a single new position (a decode
+    /// step) runs as one kernel instead of three.
+    pub fn cached_attention(
+        &self,
+        cache: &mut Tensor,
+        start: usize,
+        rope: (&Tensor, &Tensor, RopeStyle),
+        heads: usize,
+        scale: f32,
+    ) -> Result<Tensor> {
+        let name = "cached_attention";
+        let bad = |msg: String| Error::InvalidArgument { op: name, msg };
+        self.same_device(cache, name)?;
+        if cache.dtype() != self.dtype() {
+            return Err(Error::DTypeMismatch {
+                op: name,
+                lhs: self.dtype(),
+                rhs: cache.dtype(),
+            });
+        }
+        if self.rank() != 3 || cache.rank() != 3 {
+            return Err(bad(format!(
+                "qkv {:?} must be [T, heads, D] and the cache {:?} [capacity, 2 KV heads, D]",
+                self.shape(),
+                cache.shape()
+            )));
+        }
+        let [t, packed, d] = [self.shape()[0], self.shape()[1], self.shape()[2]];
+        let [capacity, kv2, cd] = [cache.shape()[0], cache.shape()[1], cache.shape()[2]];
+        let kvh = kv2 / 2;
+        let fits = cd == d
+            && kv2.is_multiple_of(2)
+            && kvh > 0
+            && heads.is_multiple_of(kvh)
+            && packed == heads + kv2
+            && start.checked_add(t).is_some_and(|end| end <= capacity);
+        if !fits {
+            return Err(bad(format!(
+                "qkv {:?} with {heads} query heads, cache {:?}, {t} positions at {start}: \
+                 qkv must hold the query heads and the cache's key and value heads, the \
+                 query heads a multiple of the KV heads, the positions inside the cache",
+                self.shape(),
+                cache.shape()
+            )));
+        }
+        let (cos, sin, style) = rope;
+        if let Device::Gpu(g) = self.device() {
+            // the fused kernel checks nothing of the tables: rope_heads' checks first
+            if t == 1 && cos.shape() == [1, d / 2] && sin.shape() == [1, d / 2] {
+                let reference = if g.check_mode() {
+                    let host = Device::Cpu;
+                    let mut c = cache.narrow(0, 0, start + 1)?.to_device(&host)?;
+                    let tables = (&cos.to_device(&host)?, &sin.to_device(&host)?, style);
+                    let att = crate::backend::cpu::exact(|| {
+                        self.to_device(&host)?
+                            .cached_attention(&mut c, start, tables, heads, scale)
+                    })?;
+                    Some((att, c.narrow(0, start, 1)?))
+                } else {
+                    None
+                };
+                cache.make_own()?;
+                let same_dtype = [cos, sin].iter().all(|x| x.dtype() == DType::F32);
+                if same_dtype
+                    && let Some(out) =
+                        g.attention_step(self, cache, start, (cos, sin, style), heads, scale)?
+                {
+                    let out = Tensor::from_parts(
+                        out,
+                        &[1, heads, d],
+                        self.dtype(),
+                        self.device().clone(),
+                    );
+                    if let Some((att, row)) = reference {
+                        let like = Op::Attention {
+                            scale,
+                            causal: true,
+                        };
+                        let shapes = vec![self.shape().to_vec(), cache.shape().to_vec()];
+                        check_fused(name, &like, shapes.clone(), &att, &out)?;
+                        let like = Op::Rope {
+                            style,
+                            rotated: heads + kvh,
+                        };
+                        check_fused(name, &like, shapes, &row, &cache.narrow(0, start, 1)?)?;
+                    }
+                    return Ok(out);
+                }
+            }
+        }
+        let rotated = self.rope_heads(cos, sin, style, heads + kvh)?;
+        cache.slice_assign(start, &rotated.narrow(1, heads, kv2)?)?;
+        let all = cache.narrow(0, 0, start + t)?;
+        let (k, v) = (all.narrow(1, 0, kvh)?, all.narrow(1, kvh, kvh)?);
+        let opts = AttentionOpts {
+            scale,
+            causal: true,
+        };
+        rotated.narrow(1, 0, heads)?.attention(&k, &v, None, opts)
     }
 
     fn require_rank(&self, op: &'static str, min: usize) -> Result<()> {

@@ -1,24 +1,13 @@
-// attention_io.wgsl — what the scalar attention kernels share: the
-// bindings (as words) and the loads from the strided views of q, k, v and
-// mask (attention_params.wgsl). Bits 0, 1, 2 of the constant FAST say that q, k, v have a
-// unit last stride and (for 16-bit dtypes) even offsets and strides, so
-// that a row chunk can be loaded as whole words (f16 pairs decoded with
-// unpack2x16float).
+// attention_io.wgsl — the bindings of the scalar attention kernels (q, k,
+// v and mask as words, the output after them) and the word loads that
+// attention_loads.wgsl builds on. attention_step_io.wgsl binds the same
+// kernels for a decode step over a KV cache instead.
 
 @group(0) @binding(1) var<storage, read> src_q: array<u32>;
 @group(0) @binding(2) var<storage, read> src_k: array<u32>;
 @group(0) @binding(3) var<storage, read> src_v: array<u32>;
 @group(0) @binding(4) var<storage, read> src_m: array<u32>;
 @group(0) @binding(5) var<storage, read_write> dst: array<u32>;
-
-// a constant, so that the branches of ld4 fold away and a kernel's loads
-// can be scheduled together
-override FAST: u32 = 0u;
-
-const Q: u32 = 0u;
-const K: u32 = 1u;
-const V: u32 = 2u;
-const MASK: u32 = 3u;
 
 // Word `i` of input `which` (a constant at every call site).
 fn word(which: u32, i: u32) -> u32 {
@@ -38,42 +27,20 @@ fn word(which: u32, i: u32) -> u32 {
     }
 }
 
-fn elem(which: u32, e: u32) -> f32 {
-    return decode(word(which, word_index(e, DT)), e, DT);
+// decode_attention.wgsl's hooks for a decode step (STEP): these kernels
+// read a KV cache that holds every key already, so they never call them.
+const STEP: bool = false;
+
+fn step_q4(head: u32, c: u32) -> vec4<f32> {
+    return vec4<f32>(0.0);
 }
 
-// Elements e, e + stride, ... of input `which`: `n` of them (2 or 4, as
-// head sizes are even); the missing ones are 0.
-fn ld4(which: u32, e: u32, n: u32, stride: u32) -> vec4<f32> {
-    var r = vec4<f32>(0.0);
-    let fast = (FAST & (1u << which)) != 0u;
-    if fast && DT == 1u {
-        r = vec4<f32>(unpack2x16float(word(which, e >> 1u)), 0.0, 0.0);
-        if n == 4u {
-            r = vec4<f32>(r.xy, unpack2x16float(word(which, (e >> 1u) + 1u)));
-        }
-    } else if fast && DT == 2u {
-        let w0 = word(which, e >> 1u);
-        r.x = decode(w0, 0u, DT);
-        r.y = decode(w0, 1u, DT);
-        if n == 4u {
-            let w1 = word(which, (e >> 1u) + 1u);
-            r.z = decode(w1, 0u, DT);
-            r.w = decode(w1, 1u, DT);
-        }
-    } else {
-        let s = select(stride, 1u, fast);
-        r.x = elem(which, e);
-        r.y = elem(which, e + s);
-        if n == 4u {
-            r.z = elem(which, e + 2u * s);
-            r.w = elem(which, e + 3u * s);
-        }
-    }
-    return r;
+fn step_k4(kvh: u32, c: u32) -> vec4<f32> {
+    return vec4<f32>(0.0);
 }
 
-// The elements of chunk `c` (dimensions 4c..4c+3) that a head of `d` has.
-fn chunk_len(c: u32, d: u32) -> u32 {
-    return min(4u, d - 4u * c);
+fn step_v4(kvh: u32, c: u32) -> vec4<f32> {
+    return vec4<f32>(0.0);
 }
+
+fn step_store(e: u32, v: vec4<f32>) {}

@@ -27,9 +27,13 @@ const SUBMIT_EVERY: u32 = 16;
 pub(crate) struct Kernel {
     pub name: &'static str,
     pub source: &'static str,
-    /// Number of read-only storage inputs (bindings 1..=inputs); the output
-    /// is the read-write binding after them, the uniform params binding 0.
+    /// Number of read-only storage inputs (bindings 1..=inputs); the
+    /// outputs are the read-write bindings after them, the uniform params
+    /// binding 0.
     pub inputs: usize,
+    /// Number of read-write storage bindings: 1, or more for a kernel that
+    /// also updates a buffer in place (the KV cache of `attention_step`).
+    pub outputs: usize,
     /// Built without wgpu's runtime bounds checks and loop bounding: only
     /// for kernels whose every memory access is guarded by the launcher's
     /// own size checks (each index below the sizes it was given, the views
@@ -129,6 +133,10 @@ pub struct KernelTime {
     pub seconds: f64,
 }
 
+/// Read-only inputs, read-write outputs, parameters as immediates: what
+/// sets a kernel's bind group and pipeline layouts apart.
+type LayoutKey = (u32, u32, bool);
+
 /// Dispatch count and GPU seconds of one (kernel, grid).
 type ProfileMap = BTreeMap<(&'static str, [u32; 3]), (u64, f64)>;
 
@@ -152,7 +160,7 @@ pub(crate) struct Context {
     immediate_bytes: u32,
     modules: Mutex<HashMap<(&'static str, bool), wgpu::ShaderModule>>,
     pipelines: Mutex<HashMap<PipelineKey, wgpu::ComputePipeline>>,
-    layouts: Mutex<HashMap<(usize, bool), (wgpu::BindGroupLayout, wgpu::PipelineLayout)>>,
+    layouts: Mutex<HashMap<LayoutKey, (wgpu::BindGroupLayout, wgpu::PipelineLayout)>>,
     pending: Mutex<Pending>,
     lost: Arc<Mutex<Option<String>>>,
     error: Arc<Mutex<Option<String>>>,
@@ -716,12 +724,13 @@ impl Context {
     /// immediates or at binding 0.
     fn layout(
         &self,
-        inputs: usize,
+        kernel: &Kernel,
         immediates: bool,
     ) -> (wgpu::BindGroupLayout, wgpu::PipelineLayout) {
+        let (inputs, outputs) = (kernel.inputs as u32, kernel.outputs as u32);
         let mut layouts = lock(&self.layouts);
         layouts
-            .entry((inputs, immediates))
+            .entry((inputs, outputs, immediates))
             .or_insert_with(|| {
                 let storage = |binding: u32, read_only: bool| wgpu::BindGroupLayoutEntry {
                     binding,
@@ -746,8 +755,8 @@ impl Context {
                         count: None,
                     });
                 }
-                entries.extend((1..=inputs as u32).map(|b| storage(b, true)));
-                entries.push(storage(inputs as u32 + 1, false));
+                entries.extend((1..=inputs).map(|b| storage(b, true)));
+                entries.extend((inputs + 1..=inputs + outputs).map(|b| storage(b, false)));
                 let bgl = self
                     .device
                     .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
@@ -803,7 +812,7 @@ impl Context {
                 }
             })
             .clone();
-        let (_, layout) = self.layout(kernel.inputs, immediates);
+        let (_, layout) = self.layout(kernel, immediates);
         let pipeline = self
             .device
             .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
@@ -896,21 +905,37 @@ impl Context {
         output: &wgpu::Buffer,
         groups: [u32; 3],
     ) -> Result<()> {
+        self.dispatch_outputs(kernel, constants, params, inputs, &[output], groups)
+    }
+
+    /// [`Context::dispatch`] of a kernel with several read-write bindings,
+    /// `outputs` in their order after the inputs. No buffer may appear
+    /// twice among `inputs` and `outputs`.
+    pub fn dispatch_outputs(
+        &self,
+        kernel: &Kernel,
+        constants: &[(&'static str, f64)],
+        params: &[u8],
+        inputs: &[&wgpu::Buffer],
+        outputs: &[&wgpu::Buffer],
+        groups: [u32; 3],
+    ) -> Result<()> {
         debug_assert_eq!(inputs.len(), kernel.inputs);
+        debug_assert_eq!(outputs.len(), kernel.outputs);
         self.check_alive()?;
         let immediates = params.len() as u32 <= self.immediate_bytes;
         let pipeline = self.pipeline(kernel, constants, immediates)?;
-        let (bgl, _) = self.layout(kernel.inputs, immediates);
+        let (bgl, _) = self.layout(kernel, immediates);
         let mut guard = lock(&self.pending);
         let p = &mut *guard;
         debug_assert!(params.len() <= 256 && params.len().is_multiple_of(4));
         let (bind_group, immediates) = if immediates {
             // bindings 1..: the tensors; the parameters travel as immediates
-            let group = self.pool.bind_group(&bgl, kernel.name, inputs, output);
+            let group = self.pool.bind_group(&bgl, kernel.name, inputs, outputs);
             (group, Some(params))
         } else {
             (
-                self.uniform_bind_group(p, kernel, &bgl, params, inputs, output)?,
+                self.uniform_bind_group(p, kernel, &bgl, params, inputs, outputs)?,
                 None,
             )
         };
@@ -955,7 +980,7 @@ impl Context {
         bgl: &wgpu::BindGroupLayout,
         params: &[u8],
         inputs: &[&wgpu::Buffer],
-        output: &wgpu::Buffer,
+        outputs: &[&wgpu::Buffer],
     ) -> Result<wgpu::BindGroup> {
         // a parameter slot: params are at most 256 bytes, the largest
         // uniform offset alignment wgpu allows
@@ -988,9 +1013,7 @@ impl Context {
                 size: wgpu::BufferSize::new(params.len() as u64),
             }),
         }];
-        entries.extend(tensor_entries(
-            inputs.iter().copied().chain(std::iter::once(output)),
-        ));
+        entries.extend(tensor_entries(inputs.iter().chain(outputs).copied()));
         Ok(self.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some(kernel.name),
             layout: bgl,

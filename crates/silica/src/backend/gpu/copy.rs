@@ -15,12 +15,14 @@ pub(crate) static COPY: Kernel = Kernel {
     ),
     inputs: 1,
     trusted: false,
+    outputs: 1,
 };
 pub(crate) static COPY_VEC: Kernel = Kernel {
     name: "copy_vec",
     source: concat!(include_str!("common.wgsl"), include_str!("copy_vec.wgsl")),
     inputs: 1,
     trusted: false,
+    outputs: 1,
 };
 pub(crate) static CAT: Kernel = Kernel {
     name: "cat",
@@ -31,6 +33,7 @@ pub(crate) static CAT: Kernel = Kernel {
     ),
     inputs: 1,
     trusted: false,
+    outputs: 1,
 };
 pub(crate) static INDEX_SELECT: Kernel = Kernel {
     name: "index_select",
@@ -41,6 +44,7 @@ pub(crate) static INDEX_SELECT: Kernel = Kernel {
     ),
     inputs: 2,
     trusted: false,
+    outputs: 1,
 };
 
 fn elem_bytes(d: DType) -> f64 {

@@ -16,6 +16,11 @@
 // trip counts and no branches around their loads (keys past the chunk are
 // clamped and weigh 0), so that each thread has many loads in flight: the
 // kernel is bound by load latency, not bandwidth.
+// With the bindings of attention_step_io.wgsl (STEP), the kernel also does
+// the rest of a decode step: it rotates the queries as it loads them, takes
+// the new position (the last key) from the step's projection instead of
+// the cache, and the first query head of each KV head writes that
+// position's key (rotated) and value into the cache, for the later steps.
 
 const THREADS: u32 = 128u;
 const MAX_CHUNK: u32 = 256u;
@@ -47,12 +52,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let kvh = h / (p.heads / p.kv_heads);
     let d4 = D4;
 
-    let q0 = p.off_q + b * p.sq.x + i * p.sq.y + h * p.sq.z;
-    if lid < d4 {
-        qsh[lid] = ld4(Q, q0 + 4u * lid * p.sq.w, chunk_len(lid, p.d), p.sq.w) * p.scale;
-    }
-    workgroupBarrier();
-
     var visible = p.tk;
     if p.causal != 0u {
         visible = i + (p.tk - p.tq) + 1u;
@@ -62,6 +61,31 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let k0 = p.off_k + b * p.sk.x + kvh * p.sk.z;
     let v0 = p.off_v + b * p.sv.x + kvh * p.sv.z;
     let m0 = p.off_m + b * p.sm.x + h * p.sm.y + i * p.sm.z;
+    // STEP: this chunk holds the new key (the last one), at t = n - 1
+    let fresh = STEP && n > 0u && begin + n == p.tk;
+    let cached = select(n, n - 1u, fresh);
+
+    let q0 = p.off_q + b * p.sq.x + i * p.sq.y + h * p.sq.z;
+    if lid < d4 {
+        if STEP {
+            let qc = step_q4(q0, lid) * p.scale;
+            qsh[lid] = qc;
+            if fresh {
+                // the new key's score by dimension chunk (acc_sh is free
+                // until the weighted sum of values)
+                let kc = step_k4(kvh, lid);
+                acc_sh[lid] = vec4<f32>(dot(qc, kc));
+                if h % (p.heads / p.kv_heads) == 0u {
+                    let last = p.tk - 1u;
+                    step_store(p.off_k + b * p.sk.x + last * p.sk.y + kvh * p.sk.z + 4u * lid, kc);
+                    step_store(p.off_v + b * p.sv.x + last * p.sv.y + kvh * p.sv.z + 4u * lid, step_v4(kvh, lid));
+                }
+            }
+        } else {
+            qsh[lid] = ld4(Q, q0 + 4u * lid * p.sq.w, chunk_len(lid, p.d), p.sq.w) * p.scale;
+        }
+    }
+    workgroupBarrier();
 
     // scores of keys begin + t and begin + t + 128
     var m = NEG_INF;
@@ -69,8 +93,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         let t = lid + r * THREADS;
         let kr = k0 + (begin + min(t, max(n, 1u) - 1u)) * p.sk.y;
         var x = 0.0;
-        for (var c = 0u; c < D4; c++) {
-            x += dot(qsh[c], ld4(K, kr + 4u * c * p.sk.w, chunk_len(c, p.d), p.sk.w));
+        if STEP && fresh && t == n - 1u {
+            for (var c = 0u; c < D4; c++) {
+                x += acc_sh[c].x;
+            }
+        } else {
+            for (var c = 0u; c < D4; c++) {
+                x += dot(qsh[c], ld4(K, kr + 4u * c * p.sk.w, chunk_len(c, p.d), p.sk.w));
+            }
         }
         if HAS_MASK {
             x += elem(MASK, m0 + (begin + min(t, max(n, 1u) - 1u)) * p.sm.w);
@@ -96,16 +126,19 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let grp = lid / d4;
     var y = vec4<f32>(0.0);
     if grp < groups {
-        for (var t0 = grp; t0 < n; t0 += groups * UNROLL) {
+        for (var t0 = grp; t0 < cached; t0 += groups * UNROLL) {
             for (var u = 0u; u < UNROLL; u++) {
                 let t = t0 + u * groups;
-                let ok = t < n;
+                let ok = t < cached;
                 let tt = select(t0, t, ok);
                 let vr = v0 + (begin + tt) * p.sv.y;
                 let w = select(0.0, score[tt], ok);
                 y = fma(vec4<f32>(w), ld4(V, vr + 4u * c * p.sv.w, chunk_len(c, p.d), p.sv.w), y);
             }
         }
+    }
+    if fresh && grp == 0u {
+        y = fma(vec4<f32>(score[n - 1u]), step_v4(kvh, c), y);
     }
     acc_sh[lid] = y;
     workgroupBarrier();

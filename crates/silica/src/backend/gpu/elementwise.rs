@@ -15,6 +15,7 @@ pub(crate) static UNARY: Kernel = Kernel {
     ),
     inputs: 1,
     trusted: false,
+    outputs: 1,
 };
 pub(crate) static BINARY: Kernel = Kernel {
     name: "binary",
@@ -26,6 +27,7 @@ pub(crate) static BINARY: Kernel = Kernel {
     ),
     inputs: 2,
     trusted: false,
+    outputs: 1,
 };
 pub(crate) static BINARY_VEC: Kernel = Kernel {
     name: "binary_vec",
@@ -36,12 +38,14 @@ pub(crate) static BINARY_VEC: Kernel = Kernel {
     ),
     inputs: 2,
     trusted: false,
+    outputs: 1,
 };
 pub(crate) static WHERE: Kernel = Kernel {
     name: "where",
     source: concat!(include_str!("common.wgsl"), include_str!("where.wgsl")),
     inputs: 3,
     trusted: false,
+    outputs: 1,
 };
 
 /// `OP` of the unary kernel for a dtype conversion.

@@ -15,6 +15,7 @@ pub(crate) static MATMUL: Kernel = Kernel {
     ),
     inputs: 2,
     trusted: false,
+    outputs: 1,
 };
 
 pub(crate) static MATMUL_BIG: Kernel = Kernel {
@@ -27,6 +28,7 @@ pub(crate) static MATMUL_BIG: Kernel = Kernel {
     ),
     inputs: 2,
     trusted: true,
+    outputs: 1,
 };
 
 pub(crate) static MATMUL_COOP: Kernel = Kernel {
@@ -41,6 +43,7 @@ pub(crate) static MATMUL_COOP: Kernel = Kernel {
     ),
     inputs: 2,
     trusted: true,
+    outputs: 1,
 };
 
 pub(crate) static MATMUL_COOP_DIRECT: Kernel = Kernel {
@@ -55,6 +58,7 @@ pub(crate) static MATMUL_COOP_DIRECT: Kernel = Kernel {
     ),
     inputs: 2,
     trusted: true,
+    outputs: 1,
 };
 
 pub(crate) static GEMV: Kernel = Kernel {
@@ -67,6 +71,7 @@ pub(crate) static GEMV: Kernel = Kernel {
     ),
     inputs: 2,
     trusted: true,
+    outputs: 1,
 };
 
 /// Rows of `a` up to which the GEMV kernel is used.

@@ -372,6 +372,39 @@ impl GpuDevice {
         Ok(Storage::Gpu(out))
     }
 
+    /// The fused decode step of [`Tensor::cached_attention`] (one new
+    /// position: rotary embedding, cache update and attention in one
+    /// kernel), when this device runs it for these operands; `None`
+    /// otherwise, and then nothing was written. The caller checked the
+    /// shapes and dtypes and gave `cache` storage of its own.
+    pub(crate) fn attention_step(
+        &self,
+        qkv: &Tensor,
+        cache: &Tensor,
+        start: usize,
+        rope: (&Tensor, &Tensor, crate::ops::RopeStyle),
+        heads: usize,
+        scale: f32,
+    ) -> Result<Option<Storage>> {
+        let disabled = self
+            .disabled
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains("cached_attention");
+        if disabled || qkv.shape()[0] != 1 || !nn::fuses_step(&self.ctx, qkv, cache, rope.0, rope.1)
+        {
+            return Ok(None);
+        }
+        self.ctx.check_alive()?;
+        let d = qkv.shape()[2];
+        let out = self
+            .ctx
+            .pool
+            .alloc((heads * d * qkv.dtype().size_in_bytes()) as u64)?;
+        nn::attention_step(&self.ctx, qkv, cache, start, rope, heads, scale, &out)?;
+        Ok(Some(Storage::Gpu(out)))
+    }
+
     /// Writes the elements of `src` (a tensor on this device, same dtype) in
     /// row-major order into `dst` from element `offset` on.
     pub(crate) fn write_into(&self, dst: &GpuBuffer, offset: usize, src: &Tensor) -> Result<()> {

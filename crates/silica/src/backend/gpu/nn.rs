@@ -17,6 +17,7 @@ pub(crate) static NORM: Kernel = Kernel {
     ),
     inputs: 3,
     trusted: false,
+    outputs: 1,
 };
 pub(crate) static ROPE: Kernel = Kernel {
     name: "rope",
@@ -27,6 +28,7 @@ pub(crate) static ROPE: Kernel = Kernel {
     ),
     inputs: 3,
     trusted: false,
+    outputs: 1,
 };
 /// Attention, one query row per workgroup: the fallback for head sizes
 /// over [`TILED_MAX_D`] and for devices with little workgroup memory.
@@ -36,10 +38,12 @@ pub(crate) static ATTENTION: Kernel = Kernel {
         include_str!("common.wgsl"),
         include_str!("attention_params.wgsl"),
         include_str!("attention_io.wgsl"),
+        include_str!("attention_loads.wgsl"),
         include_str!("attention.wgsl")
     ),
     inputs: 4,
     trusted: false,
+    outputs: 1,
 };
 /// Flash attention (many queries) with key tiles of 32: 48 KiB of
 /// workgroup memory.
@@ -49,11 +53,13 @@ pub(crate) static FLASH_ATTENTION_32: Kernel = Kernel {
         include_str!("common.wgsl"),
         include_str!("attention_params.wgsl"),
         include_str!("attention_io.wgsl"),
+        include_str!("attention_loads.wgsl"),
         "const BK: u32 = 32u;\n",
         include_str!("flash_attention.wgsl")
     ),
     inputs: 4,
     trusted: true,
+    outputs: 1,
 };
 /// Flash attention with key tiles of 16: 32 KiB of workgroup memory.
 pub(crate) static FLASH_ATTENTION_16: Kernel = Kernel {
@@ -62,11 +68,13 @@ pub(crate) static FLASH_ATTENTION_16: Kernel = Kernel {
         include_str!("common.wgsl"),
         include_str!("attention_params.wgsl"),
         include_str!("attention_io.wgsl"),
+        include_str!("attention_loads.wgsl"),
         "const BK: u32 = 16u;\n",
         include_str!("flash_attention.wgsl")
     ),
     inputs: 4,
     trusted: true,
+    outputs: 1,
 };
 /// Flash attention of f16 q, k, v on cooperative matrices (blocks of 64
 /// queries, key tiles of 64), where [`coop_flash`] allows it.
@@ -80,6 +88,7 @@ pub(crate) static FLASH_COOP: Kernel = Kernel {
     ),
     inputs: 4,
     trusted: true,
+    outputs: 1,
 };
 /// Split-K attention for few queries: partial results per chunk of keys.
 pub(crate) static DECODE_ATTENTION: Kernel = Kernel {
@@ -88,10 +97,29 @@ pub(crate) static DECODE_ATTENTION: Kernel = Kernel {
         include_str!("common.wgsl"),
         include_str!("attention_params.wgsl"),
         include_str!("attention_io.wgsl"),
+        include_str!("attention_loads.wgsl"),
         include_str!("rows.wgsl"),
         include_str!("decode_attention.wgsl")
     ),
     inputs: 4,
+    trusted: true,
+    outputs: 1,
+};
+/// [`DECODE_ATTENTION`] for one decode step over a KV cache: the rotary
+/// embedding of the new queries and key and the cache update in the same
+/// kernel (attention_step_io.wgsl).
+pub(crate) static ATTENTION_STEP: Kernel = Kernel {
+    name: "attention_step",
+    source: concat!(
+        include_str!("common.wgsl"),
+        include_str!("attention_params.wgsl"),
+        include_str!("attention_step_io.wgsl"),
+        include_str!("attention_loads.wgsl"),
+        include_str!("rows.wgsl"),
+        include_str!("decode_attention.wgsl")
+    ),
+    inputs: 3,
+    outputs: 2,
     trusted: true,
 };
 /// Merges the chunks of [`DECODE_ATTENTION`].
@@ -103,6 +131,7 @@ pub(crate) static ATTENTION_COMBINE: Kernel = Kernel {
     ),
     inputs: 1,
     trusted: false,
+    outputs: 1,
 };
 
 /// Largest head size of the tiled (flash and decode) kernels.
@@ -275,8 +304,7 @@ pub(crate) fn attention(
         .sum::<u32>();
     let rows = b * tq * h;
     let chunks = tk.div_ceil(DECODE_CHUNK).max(1);
-    // partial result of a chunk: m, l, two unused words, the head
-    let record = 4 + d.next_multiple_of(4);
+    let record = decode_record(d);
     let mut words = vec![
         to_u32(b, "batch")?,
         to_u32(tq, "query count")?,
@@ -306,55 +334,22 @@ pub(crate) fn attention(
     let wg_memory = ctx.workgroup_memory();
     let kernel = if d > TILED_MAX_D || wg_memory < 32 * 1024 {
         &ATTENTION
-    } else if tq <= DECODE_MAX_TQ && chunks == 1 && d.is_multiple_of(4) {
-        // every key in one chunk: the decode kernel writes the output
-        return ctx.dispatch(
-            &DECODE_ATTENTION,
-            &[
-                ("DT", code(dt)),
-                ("FAST", fast as f64),
-                ("HAS_MASK", has_mask),
-                ("FINAL", 1.0),
-                ("D4", d.div_ceil(4) as f64),
-                ("ROW_THREADS", 128.0),
-                ("OUT_DT", code(out_dtype)),
-            ],
-            bytes,
-            &srcs,
-            out.raw(),
-            ctx.grid(to_u32(rows, "workgroup count")?),
-        );
     } else if tq <= DECODE_MAX_TQ {
-        let groups = to_u32(rows * chunks, "workgroup count")?;
-        let scratch = ctx.pool.alloc((rows * chunks * record * 4) as u64)?;
-        ctx.dispatch(
-            &DECODE_ATTENTION,
-            &[
+        let decode = Decode {
+            kernel: &DECODE_ATTENTION,
+            constants: vec![
                 ("DT", code(dt)),
                 ("FAST", fast as f64),
                 ("HAS_MASK", has_mask),
-                ("D4", d.div_ceil(4) as f64),
-                ("ROW_THREADS", 128.0),
             ],
-            bytes,
-            &srcs,
-            scratch.raw(),
-            ctx.grid(groups),
-        )?;
-        let header = [
-            to_u32(rows, "row count")?,
-            d as u32,
-            chunks as u32,
-            record as u32,
-        ];
-        return ctx.dispatch(
-            &ATTENTION_COMBINE,
-            &[("OUT_DT", code(out_dtype))],
-            bytemuck::cast_slice(&header),
-            &[scratch.raw()],
-            out.raw(),
-            ctx.grid(header[0]),
-        );
+            params: bytes,
+            inputs: &srcs,
+            updated: None,
+            rows,
+            chunks,
+            d,
+        };
+        return decode.run(ctx, out, out_dtype);
     } else if coop_flash(ctx, [q, k, v], tq, tk, d) {
         return ctx.dispatch(
             &FLASH_COOP,
@@ -392,6 +387,174 @@ pub(crate) fn attention(
         out.raw(),
         ctx.grid(to_u32(groups, "workgroup count")?),
     )
+}
+
+/// A launch of the split-K decode kernel ([`DECODE_ATTENTION`] or
+/// [`ATTENTION_STEP`]).
+struct Decode<'a> {
+    kernel: &'static Kernel,
+    /// The override constants other than those [`Decode::run`] adds.
+    constants: Vec<(&'static str, f64)>,
+    params: &'a [u8],
+    inputs: &'a [&'a wgpu::Buffer],
+    /// The buffer the kernel updates besides its output (the KV cache of
+    /// a step).
+    updated: Option<&'a wgpu::Buffer>,
+    rows: usize,
+    chunks: usize,
+    d: usize,
+}
+
+impl Decode<'_> {
+    /// One dispatch that writes the output when one chunk holds every key;
+    /// otherwise the chunks' partial results into a scratch buffer, then
+    /// their merge.
+    fn run(mut self, ctx: &Context, out: &GpuBuffer, out_dtype: DType) -> Result<()> {
+        let (rows, chunks, d) = (self.rows, self.chunks, self.d);
+        self.constants
+            .extend([("D4", d.div_ceil(4) as f64), ("ROW_THREADS", 128.0)]);
+        let mut outputs: Vec<&wgpu::Buffer> = self.updated.into_iter().collect();
+        if chunks == 1 && d.is_multiple_of(4) {
+            self.constants
+                .extend([("FINAL", 1.0), ("OUT_DT", code(out_dtype))]);
+            outputs.push(out.raw());
+            return ctx.dispatch_outputs(
+                self.kernel,
+                &self.constants,
+                self.params,
+                self.inputs,
+                &outputs,
+                ctx.grid(to_u32(rows, "workgroup count")?),
+            );
+        }
+        let record = decode_record(d);
+        let scratch = ctx.pool.alloc((rows * chunks * record * 4) as u64)?;
+        outputs.push(scratch.raw());
+        ctx.dispatch_outputs(
+            self.kernel,
+            &self.constants,
+            self.params,
+            self.inputs,
+            &outputs,
+            ctx.grid(to_u32(rows * chunks, "workgroup count")?),
+        )?;
+        let header = [
+            to_u32(rows, "row count")?,
+            d as u32,
+            chunks as u32,
+            record as u32,
+        ];
+        ctx.dispatch(
+            &ATTENTION_COMBINE,
+            &[("OUT_DT", code(out_dtype))],
+            bytemuck::cast_slice(&header),
+            &[scratch.raw()],
+            out.raw(),
+            ctx.grid(header[0]),
+        )
+    }
+}
+
+/// Words of one chunk's partial result: m, l, two unused words, the head.
+fn decode_record(d: usize) -> usize {
+    4 + d.next_multiple_of(4)
+}
+
+/// Whether [`attention_step`] runs a step with these operands: a head size
+/// the decode kernel takes whose halves are whole vec4 chunks, contiguous
+/// operands at even offsets (whole words of 16-bit dtypes), f32 angles.
+pub(crate) fn fuses_step(
+    ctx: &Context,
+    qkv: &Tensor,
+    cache: &Tensor,
+    cos: &Tensor,
+    sin: &Tensor,
+) -> bool {
+    let d = qkv.shape()[2];
+    d.is_multiple_of(8)
+        && d <= TILED_MAX_D
+        && ctx.workgroup_memory() >= 32 * 1024
+        && [qkv, cache, cos, sin]
+            .iter()
+            .all(|t| t.is_contiguous() && t.layout().offset().is_multiple_of(2))
+}
+
+/// One decode step of attention over a KV cache in one kernel (two when
+/// the cache spans several chunks of keys): `qkv` `[1, heads + 2 KVH, D]`
+/// holds the new position's queries, key and value (not rotated); `cos`
+/// and `sin` `[1, D / 2]` its angles; `cache` `[capacity, 2 KVH, D]` the
+/// keys and values of positions `0..start`, to which the kernel adds
+/// position `start` (the key rotated). `out` gets `[1, heads, D]`. The
+/// caller checked shapes, dtypes and [`fuses_step`].
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attention_step(
+    ctx: &Context,
+    qkv: &Tensor,
+    cache: &Tensor,
+    start: usize,
+    (cos, sin, style): (&Tensor, &Tensor, RopeStyle),
+    heads: usize,
+    scale: f32,
+    out: &GpuBuffer,
+) -> Result<()> {
+    let d = qkv.shape()[2];
+    let kvh = cache.shape()[1] / 2;
+    let tk = start + 1;
+    let chunks = tk.div_ceil(DECODE_CHUNK);
+    let u = |v: usize, what: &str| to_u32(v, what);
+    let (oq, oc) = (qkv.layout().offset(), cache.layout().offset());
+    let (row_q, row_c) = (
+        u(qkv.shape()[1] * d, "row size")?,
+        u(2 * kvh * d, "row size")?,
+    );
+    let mut words = vec![
+        1,
+        1,
+        u(tk, "key count")?,
+        u(heads, "head count")?,
+        u(kvh, "KV head count")?,
+        u(d, "head size")?,
+        scale.to_bits(),
+        1,
+        u(oq, "offset")?,
+        u(oc, "offset")?,
+        u(oc + kvh * d, "offset")?,
+        // the new keys and values in qkv, the angles (attention_step_io.wgsl)
+        u(oq + heads * d, "offset")?,
+    ];
+    let d32 = d as u32;
+    words.extend_from_slice(&[0, row_q, d32, 1]);
+    words.extend_from_slice(&[0, row_c, d32, 1]);
+    words.extend_from_slice(&[0, row_c, d32, 1]);
+    words.extend_from_slice(&[
+        u(oq + (heads + kvh) * d, "offset")?,
+        u(cos.layout().offset(), "offset")?,
+        u(sin.layout().offset(), "offset")?,
+        0,
+    ]);
+    words.extend_from_slice(&[
+        0,
+        DECODE_CHUNK as u32,
+        u(chunks, "chunk count")?,
+        decode_record(d) as u32,
+    ]);
+    let adjacent = if style == RopeStyle::Adjacent {
+        1.0
+    } else {
+        0.0
+    };
+    let dt = qkv.dtype();
+    Decode {
+        kernel: &ATTENTION_STEP,
+        constants: vec![("DT", code(dt)), ("FAST", 7.0), ("ADJACENT", adjacent)],
+        params: bytemuck::cast_slice(&words),
+        inputs: &[buffer(qkv), buffer(cos), buffer(sin)],
+        updated: Some(buffer(cache)),
+        rows: heads,
+        chunks,
+        d,
+    }
+    .run(ctx, out, dt)
 }
 
 #[cfg(test)]
@@ -441,6 +604,14 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
                     ("ROW_THREADS", 128.0),
                 ],
             ));
+        }
+        for (adjacent, last) in [(0.0, 1.0), (1.0, 1.0), (0.0, 0.0)] {
+            let mut c = vec![("DT", dt), ("FAST", 7.0), ("ADJACENT", adjacent)];
+            c.extend([("D4", 16.0), ("ROW_THREADS", 128.0)]);
+            if last == 1.0 {
+                c.extend([("FINAL", 1.0), ("OUT_DT", dt)]);
+            }
+            out.push((&ATTENTION_STEP, c));
         }
         out.push((&ATTENTION_COMBINE, vec![("OUT_DT", dt)]));
         for (mask, df) in [(0.0, 8.0), (1.0, 4.0), (0.0, 1.0)] {

@@ -27,6 +27,7 @@ pub(crate) static QGEMV: Kernel = Kernel {
     // not fused)
     inputs: 4,
     trusted: true,
+    outputs: 1,
 };
 
 pub(crate) static QMATMUL: Kernel = Kernel {
@@ -34,6 +35,7 @@ pub(crate) static QMATMUL: Kernel = Kernel {
     source: qkernel!("qmatmul.wgsl"),
     inputs: 2,
     trusted: true,
+    outputs: 1,
 };
 
 pub(crate) static QROWS: Kernel = Kernel {
@@ -45,6 +47,7 @@ pub(crate) static QROWS: Kernel = Kernel {
     ),
     inputs: 2,
     trusted: false,
+    outputs: 1,
 };
 
 /// Rows `ids` (contiguous u32) of the quantized matrix `w` with rows of
@@ -97,14 +100,23 @@ pub(crate) fn qrows(
 const GEMV_MAX_M: usize = 8;
 
 /// Weight rows that one set of lanes of the GEMV kernel dots with the
-/// same values of x: as many as the 8 accumulators allow for M rows of x.
-fn gemv_rows(m: usize) -> usize {
+/// same values of x: as many as the 8 accumulators allow for M rows of x,
+/// but 2 instead of 4 for outputs of up to [`GEMV_FEW_COLUMNS`] columns.
+fn gemv_rows(m: usize, n: usize) -> usize {
     match m {
-        1 | 2 => 4,
-        3 | 4 => 2,
+        1 | 2 if n > GEMV_FEW_COLUMNS => 4,
+        1..=4 => 2,
         _ => 1,
     }
 }
+
+/// Output columns up to which a GEMV lane set takes 2 weight rows rather
+/// than 4: with 4, the 2,048 columns of a 1B model's attention output and
+/// down projections fill only 256 workgroups, about 2 per SM of an H100,
+/// too few loads in flight. With 2, decode of a 1B Llama-shaped Q4_0 model
+/// ran 652-665 tok/s against 597-607 (H100, twelfth session); 1 row, or 2
+/// up to 4,096 columns, were slower than this.
+const GEMV_FEW_COLUMNS: usize = 2048;
 
 /// Lanes per set of the GEMV kernel: 32, or more when the sets (one per
 /// `rows` weight rows) are too few to keep about half a million threads
@@ -122,7 +134,7 @@ fn gemv_lanes(n: usize, k: usize, rows: usize) -> usize {
 /// Whether the GEMV kernel computes `fusion` for `m` rows of x: up to 8
 /// rows, 4 with SwiGLU (whose lane sets need two weight rows at least).
 pub(crate) fn fuses(m: usize, fusion: QFusion) -> bool {
-    m <= GEMV_MAX_M && (!fusion.swiglu || gemv_rows(m) >= 2)
+    m <= GEMV_MAX_M && (!fusion.swiglu || gemv_rows(m, usize::MAX) >= 2)
 }
 
 /// Output columns of one GEMV lane set dotting `rows` weight rows: all of
@@ -163,12 +175,14 @@ pub(crate) fn qmatmul(
     let row_bytes = format.bytes_for(k);
     let max = ctx.max_groups() as usize;
     let (kernel, grid, gemv) = if m <= GEMV_MAX_M {
-        let rows = gemv_rows(m);
+        // SwiGLU keeps 4 rows (its products were not measured with 2)
+        let rows = gemv_rows(m, if fusion.swiglu { usize::MAX } else { n });
         let oc = output_columns(rows, fusion);
         let lanes = gemv_lanes(n, k, oc);
         let groups = n.div_ceil(256 / lanes * oc);
         let gemv = Gemv {
             m,
+            rows,
             lanes,
             fusion,
             residual: x.dtype(),
@@ -232,6 +246,7 @@ pub(crate) fn qmatmul(
 #[derive(Clone, Copy)]
 struct Gemv {
     m: usize,
+    rows: usize,
     lanes: usize,
     fusion: QFusion,
     residual: DType,
@@ -249,7 +264,7 @@ fn constants(
         ("OUT_DT", out.gpu_code() as f64),
     ];
     if let Some(g) = gemv {
-        let rows = gemv_rows(g.m);
+        let rows = g.rows;
         let flag = |on: bool| if on { 1.0 } else { 0.0 };
         c.extend([
             ("M", g.m as f64),
@@ -283,22 +298,26 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
                 vec![dt, DType::F32]
             };
             for o in outs {
-                let gemv = |m, lanes, fusion| {
+                let gemv = |m, rows, lanes, fusion| {
                     let g = Gemv {
                         m,
+                        rows,
                         lanes,
                         fusion,
                         residual: dt,
                     };
                     (&QGEMV, constants(format, dt, o, Some(g)))
                 };
+                let rows = |m| gemv_rows(m, usize::MAX);
                 out.push((&QMATMUL, constants(format, dt, o, None)));
                 for m in 1..=GEMV_MAX_M {
-                    out.push(gemv(m, 32, QFusion::NONE));
+                    out.push(gemv(m, rows(m), 32, QFusion::NONE));
                 }
                 for lanes in [64, 128] {
-                    out.push(gemv(1, lanes, QFusion::NONE));
+                    out.push(gemv(1, rows(1), lanes, QFusion::NONE));
                 }
+                // two weight rows per lane set at M = 1 (few output columns)
+                out.push(gemv(1, gemv_rows(1, GEMV_FEW_COLUMNS), 128, QFusion::NONE));
                 // every fusion at decode (one row, four weight rows per
                 // lane set) and SwiGLU with two weight rows per lane set
                 let bits = match format {
@@ -311,9 +330,9 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
                         swiglu: bits & 2 != 0,
                         residual: bits & 4 != 0,
                     };
-                    out.push(gemv(1, 32, fusion));
+                    out.push(gemv(1, rows(1), 32, fusion));
                     if fusion.swiglu {
-                        out.push(gemv(3, 32, fusion));
+                        out.push(gemv(3, rows(3), 32, fusion));
                     }
                 }
             }

@@ -11,6 +11,7 @@ pub(crate) static REDUCE: Kernel = Kernel {
     source: concat!(include_str!("common.wgsl"), include_str!("reduce.wgsl")),
     inputs: 1,
     trusted: false,
+    outputs: 1,
 };
 pub(crate) static SOFTMAX: Kernel = Kernel {
     name: "softmax",
@@ -21,6 +22,7 @@ pub(crate) static SOFTMAX: Kernel = Kernel {
     ),
     inputs: 1,
     trusted: false,
+    outputs: 1,
 };
 /// Softmax and the norms of rows read as whole vec4 words: one source,
 /// named per use so that profiles tell softmax from norms.
@@ -34,12 +36,14 @@ pub(crate) static SOFTMAX_VEC: Kernel = Kernel {
     source: ROWS_VEC_SOURCE,
     inputs: 3,
     trusted: false,
+    outputs: 1,
 };
 pub(crate) static NORM_VEC: Kernel = Kernel {
     name: "norm_vec",
     source: ROWS_VEC_SOURCE,
     inputs: 3,
     trusted: false,
+    outputs: 1,
 };
 
 /// The row operations of rows_vec.wgsl (its `OP` constant).
