@@ -192,6 +192,8 @@ fn cases(large: bool, cpu: bool) -> Vec<Case> {
     }
     for s in squares {
         push(format!("matmul {s}^3"), Kind::Matmul { m: s, n: s, k: s });
+        // the same product against a weight stored [N, K], as a checkpoint stores it
+        push(format!("linear {s}^3"), Kind::Linear { m: s, n: s, k: s });
     }
     let mut rows = vec![1, 512];
     if !cpu || large {

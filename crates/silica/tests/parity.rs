@@ -345,8 +345,8 @@ fn matmul_cases(cases: &mut Vec<Case>) {
 fn forced_matmul_cases(cases: &mut Vec<Case>) {
     let shapes: [(&[usize], &[usize]); 10] = [
         (&[129, 64], &[64, 136]),
-        // whole 16x16 fragments read past a 128x128 tile's edges (the
-        // direct cooperative-matrix kernel clamps its blocks)
+        // 128x128 tiles crossed by the edges on both sides, K a multiple
+        // of 16 (whole steps of 16 for the cooperative-matrix kernels)
         (&[2, 100, 80], &[2, 80, 200]),
         (&[70, 96], &[96, 66]),
         // long rows: the GEMV kernel with 64 and 128 threads per column
@@ -362,7 +362,7 @@ fn forced_matmul_cases(cases: &mut Vec<Case>) {
         "matmul",
         "matmul_big",
         "matmul_coop",
-        "matmul_coop_direct",
+        "matmul_coop_vec",
         "gemv",
     ] {
         for dtype in DType::FLOATS {

@@ -45,7 +45,7 @@ fn check_profile(dev: &Device, a: &Tensor, b: &Tensor, w: &[Tensor; 2], how: &st
         "{dev} ({how}): 6 dispatches expected in {report:?}"
     );
     // `binary` or `binary_vec`; `matmul`, `matmul_big`, `matmul_coop` or
-    // `matmul_coop_direct`
+    // `matmul_coop_vec`
     assert_eq!(find(&report, "binary").dispatches, 3, "{report:?}");
     assert_eq!(find(&report, "matmul").dispatches, 2, "{report:?}");
     assert_eq!(find(&report, "softmax").dispatches, 1, "{report:?}");

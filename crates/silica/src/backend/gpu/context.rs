@@ -187,7 +187,10 @@ fn coop16_available(adapter: &wgpu::Adapter) -> bool {
     }
     let need = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX | wgpu::Features::SHADER_F16;
     let info = adapter.get_info();
+    // matmul_coop_vec.wgsl loads fragments through vec4<f16> pointers, whose
+    // stride MSL would count in halves; Apple GPUs offer 8x8 matrices only
     adapter.features().contains(need)
+        && info.backend != wgpu::Backend::Metal
         && info.subgroup_min_size == 32
         && info.subgroup_max_size == 32
         && adapter.cooperative_matrix_properties().iter().any(|c| {

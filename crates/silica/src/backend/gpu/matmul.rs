@@ -46,14 +46,14 @@ pub(crate) static MATMUL_COOP: Kernel = Kernel {
     outputs: 1,
 };
 
-pub(crate) static MATMUL_COOP_DIRECT: Kernel = Kernel {
-    name: "matmul_coop_direct",
+pub(crate) static MATMUL_COOP_VEC: Kernel = Kernel {
+    name: "matmul_coop_vec",
     source: concat!(
         "enable f16;\nenable wgpu_cooperative_matrix;\n",
         include_str!("common.wgsl"),
         include_str!("matmul_common.wgsl"),
         include_str!("store4.wgsl"),
-        include_str!("matmul_coop_direct.wgsl"),
+        include_str!("matmul_coop_vec.wgsl"),
         include_str!("coop_store.wgsl")
     ),
     inputs: 2,
@@ -90,17 +90,18 @@ fn gemv_lanes(n: usize, k: usize, dt: DType) -> usize {
 /// Workgroups of 128x128 from which the large tile is used (fewer would
 /// leave a large GPU's cores idle: the 64x64 kernel makes four times more).
 const BIG_MIN_GROUPS: usize = 256;
+/// Workgroup memory of matmul_coop_vec.wgsl, in bytes.
+const COOP_VEC_MEMORY: u32 = 45_056;
 
-/// Whether matmul_coop_direct.wgsl can read the operands as whole
-/// fragments: a and b contiguous along k or b along n, row starts on 16
-/// bytes (`acc` for 8-half words), K a multiple of 16, M and N at least 64,
-/// and N a multiple of 8 when b is read along n.
-fn direct_coop(acc: &Access, m: usize, n: usize, k: usize) -> bool {
+/// Whether matmul_coop_vec.wgsl can read the operands 8 halves at a time:
+/// a contiguous along k and b along k or n, row starts on 16 bytes (`acc`
+/// for 8-half words), K a multiple of 8, and N a multiple of 8 when b is
+/// read along n; and whether the adapter has the workgroup memory.
+fn vec_coop(ctx: &Context, acc: &Access, n: usize, k: usize) -> bool {
     acc.a_vec
         && (acc.b_mode == 1 || (acc.b_mode == 2 && n.is_multiple_of(8)))
-        && k.is_multiple_of(16)
-        && m >= 64
-        && n >= 64
+        && k.is_multiple_of(8)
+        && ctx.workgroup_memory() >= COOP_VEC_MEMORY
 }
 
 /// Which operand-loading path a launch can take, from the layouts.
@@ -168,23 +169,17 @@ pub(crate) fn matmul(
     let big_groups = m.div_ceil(128) * n.div_ceil(128) * batches;
     let forced = *ctx.forced_matmul.lock().unwrap_or_else(|e| e.into_inner());
     let coop = dt == DType::F16 && ctx.coop16();
-    let direct = coop && direct_coop(&acc, m, n, k);
+    let vec = coop && vec_coop(ctx, &acc, n, k);
     let (kernel, grid) = if let Some(name) = forced.filter(|&f| match f {
         "matmul_coop" => coop,
-        "matmul_coop_direct" => direct,
+        "matmul_coop_vec" => vec,
         "gemv" => m <= GEMV_MAX_M,
         _ => true,
     }) {
-        let kernel = [
-            &MATMUL,
-            &MATMUL_BIG,
-            &MATMUL_COOP,
-            &MATMUL_COOP_DIRECT,
-            &GEMV,
-        ]
-        .into_iter()
-        .find(|k| k.name == name)
-        .unwrap_or(&MATMUL);
+        let kernel = [&MATMUL, &MATMUL_BIG, &MATMUL_COOP, &MATMUL_COOP_VEC, &GEMV]
+            .into_iter()
+            .find(|k| k.name == name)
+            .unwrap_or(&MATMUL);
         let tile = match kernel.name {
             "matmul" => 64,
             _ => 128,
@@ -196,9 +191,9 @@ pub(crate) fn matmul(
         }
     } else if m <= GEMV_MAX_M {
         (&GEMV, [n.div_ceil(256 / lanes), 1, batches])
-    } else if direct && big_groups >= BIG_MIN_GROUPS {
+    } else if vec && m >= 64 && n >= 64 {
         (
-            &MATMUL_COOP_DIRECT,
+            &MATMUL_COOP_VEC,
             [n.div_ceil(128), m.div_ceil(128), batches],
         )
     } else if coop && m >= 64 && n >= 64 {
@@ -258,7 +253,8 @@ fn constants(
     lanes: usize,
 ) -> Vec<(&'static str, f64)> {
     let mut c = vec![("OUT_DT", out.gpu_code() as f64)];
-    let coop = std::ptr::eq(kernel, &MATMUL_COOP) || std::ptr::eq(kernel, &MATMUL_COOP_DIRECT);
+    let vec = std::ptr::eq(kernel, &MATMUL_COOP_VEC);
+    let coop = std::ptr::eq(kernel, &MATMUL_COOP) || vec;
     if !coop {
         c.push(("IN_DT", input.gpu_code() as f64));
     }
@@ -268,8 +264,10 @@ fn constants(
         c.push(("VEC", vec as u8 as f64));
         c.push(("LANES", lanes as f64));
     }
-    if std::ptr::eq(kernel, &MATMUL_BIG) || coop {
+    if std::ptr::eq(kernel, &MATMUL_BIG) || std::ptr::eq(kernel, &MATMUL_COOP) {
         c.push(("A_VEC", acc.a_vec as u8 as f64));
+    }
+    if std::ptr::eq(kernel, &MATMUL_BIG) || coop {
         c.push(("B_MODE", acc.b_mode as f64));
     }
     c
@@ -292,9 +290,10 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
                     out.push((&MATMUL_BIG, v));
                     if dt == 1.0 {
                         let v = vec![("OUT_DT", o), ("A_VEC", a_vec), ("B_MODE", b_mode)];
-                        out.push((&MATMUL_COOP, v.clone()));
+                        out.push((&MATMUL_COOP, v));
                         if a_vec == 1.0 && b_mode != 0.0 {
-                            out.push((&MATMUL_COOP_DIRECT, v));
+                            let v = vec![("OUT_DT", o), ("B_MODE", b_mode)];
+                            out.push((&MATMUL_COOP_VEC, v));
                         }
                     }
                 }

@@ -216,11 +216,11 @@ impl GpuDevice {
     }
 
     /// Test hook: run every matmul with the kernel named `name` (`matmul`,
-    /// `matmul_big`, `matmul_coop`, `matmul_coop_direct`, `gemv`) whatever its shape, so that the
-    /// parity suite covers each on small inputs; `None` restores the choice
-    /// by shape. `matmul_coop` applies only where the adapter runs it and
-    /// to f16 operands; `matmul_coop_direct` also only to the layouts and
-    /// sizes it reads as whole fragments.
+    /// `matmul_big`, `matmul_coop`, `matmul_coop_vec`, `gemv`) whatever its
+    /// shape, so that the parity suite covers each on small inputs; `None`
+    /// restores the choice by shape. `matmul_coop` applies only where the
+    /// adapter runs it and to f16 operands; `matmul_coop_vec` also only to
+    /// the layouts it reads 8 halves at a time.
     #[doc(hidden)]
     pub fn force_matmul_kernel_for_testing(&self, name: Option<&'static str>) {
         *self
