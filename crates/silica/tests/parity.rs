@@ -399,7 +399,7 @@ fn forced_matmul_cases(cases: &mut Vec<Case>) {
 /// blocks, the same bytes on every device.
 fn qmatmul_cases(cases: &mut Vec<Case>) {
     // (rows of x, n, k)
-    let shapes: [(&[usize], usize, usize); 8] = [
+    let shapes: [(&[usize], usize, usize); 9] = [
         (&[1, 256], 7, 256),
         // over 2,048 columns: 4 weight rows per GEMV lane set, not 2
         (&[1, 256], 2050, 256),
@@ -408,6 +408,8 @@ fn qmatmul_cases(cases: &mut Vec<Case>) {
         (&[8, 256], 130, 256),
         (&[2, 9, 256], 18, 256),
         (&[70, 512], 67, 512),
+        // two tiles of 128 each way (the cooperative-matrix kernel)
+        (&[130, 512], 200, 512),
         // long rows: the GEMV kernel with 64 and 128 threads per row
         (&[1, 8192], 6, 8192),
     ];

@@ -54,6 +54,7 @@ pub(crate) static MATMUL_COOP_VEC: Kernel = Kernel {
         include_str!("matmul_common.wgsl"),
         include_str!("store4.wgsl"),
         include_str!("matmul_coop_vec.wgsl"),
+        include_str!("coop_tiles.wgsl"),
         include_str!("coop_store.wgsl")
     ),
     inputs: 2,
@@ -90,18 +91,24 @@ fn gemv_lanes(n: usize, k: usize, dt: DType) -> usize {
 /// Workgroups of 128x128 from which the large tile is used (fewer would
 /// leave a large GPU's cores idle: the 64x64 kernel makes four times more).
 const BIG_MIN_GROUPS: usize = 256;
-/// Workgroup memory of matmul_coop_vec.wgsl, in bytes.
-const COOP_VEC_MEMORY: u32 = 45_056;
+/// Workgroup memory of the kernels on coop_tiles.wgsl, in bytes.
+const COOP_TILES_MEMORY: u32 = 45_056;
+
+/// Whether the adapter runs the kernels on coop_tiles.wgsl: 16x16 f16
+/// cooperative matrices and the workgroup memory for their tiles.
+pub(crate) fn coop_tiles(ctx: &Context) -> bool {
+    ctx.coop16() && ctx.workgroup_memory() >= COOP_TILES_MEMORY
+}
 
 /// Whether matmul_coop_vec.wgsl can read the operands 8 halves at a time:
 /// a contiguous along k and b along k or n, row starts on 16 bytes (`acc`
 /// for 8-half words), K a multiple of 8, and N a multiple of 8 when b is
-/// read along n; and whether the adapter has the workgroup memory.
+/// read along n; and whether the adapter runs it.
 fn vec_coop(ctx: &Context, acc: &Access, n: usize, k: usize) -> bool {
     acc.a_vec
         && (acc.b_mode == 1 || (acc.b_mode == 2 && n.is_multiple_of(8)))
         && k.is_multiple_of(8)
-        && ctx.workgroup_memory() >= COOP_VEC_MEMORY
+        && coop_tiles(ctx)
 }
 
 /// Which operand-loading path a launch can take, from the layouts.

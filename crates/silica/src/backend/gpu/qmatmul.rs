@@ -13,6 +13,7 @@ macro_rules! qkernel {
         concat!(
             include_str!("common.wgsl"),
             include_str!("qmatmul_common.wgsl"),
+            include_str!("qmatmul_x4.wgsl"),
             include_str!("quant_blocks.wgsl"),
             include_str!("store4.wgsl"),
             include_str!($file)
@@ -33,6 +34,22 @@ pub(crate) static QGEMV: Kernel = Kernel {
 pub(crate) static QMATMUL: Kernel = Kernel {
     name: "qmatmul",
     source: qkernel!("qmatmul.wgsl"),
+    inputs: 2,
+    trusted: true,
+    outputs: 1,
+};
+
+pub(crate) static QMATMUL_COOP: Kernel = Kernel {
+    name: "qmatmul_coop",
+    source: concat!(
+        "enable f16;\nenable wgpu_cooperative_matrix;\n",
+        include_str!("common.wgsl"),
+        include_str!("qmatmul_common.wgsl"),
+        include_str!("quant_blocks.wgsl"),
+        include_str!("qmatmul_coop.wgsl"),
+        include_str!("coop_tiles.wgsl"),
+        include_str!("coop_store.wgsl")
+    ),
     inputs: 2,
     trusted: true,
     outputs: 1,
@@ -192,6 +209,8 @@ pub(crate) fn qmatmul(
             [groups.min(max), groups.div_ceil(max), 1],
             Some(gemv),
         )
+    } else if m >= 64 && x.dtype() == DType::F16 && super::matmul::coop_tiles(ctx) {
+        (&QMATMUL_COOP, [n.div_ceil(128), m.div_ceil(128), 1], None)
     } else {
         (&QMATMUL, [n.div_ceil(64), m.div_ceil(64), 1], None)
     };
@@ -310,6 +329,9 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
                 };
                 let rows = |m| gemv_rows(m, usize::MAX);
                 out.push((&QMATMUL, constants(format, dt, o, None)));
+                if dt == DType::F16 {
+                    out.push((&QMATMUL_COOP, constants(format, dt, o, None)));
+                }
                 for m in 1..=GEMV_MAX_M {
                     out.push(gemv(m, rows(m), 32, QFusion::NONE));
                 }
