@@ -431,9 +431,16 @@ fn aligned_rows(t: &Tensor) -> Result<Tensor> {
     }
 }
 
+/// Rows of x from which a quantized product with f16 activations counts as
+/// a prefill: the GPU launcher's threshold for its cooperative-matrix
+/// kernel.
+const PREFILL_ROWS: usize = 64;
+
 /// A fused quantized product (inputs as for [`Op::QMatmul`]) as separate
 /// ops: where no kernel fuses it, and the CPU reference. Like the fused
-/// kernel, it computes in f32 and rounds to the dtype once, at the end.
+/// kernel, it computes in f32 and rounds to the dtype once, at the end,
+/// except that f16 activations of `PREFILL_ROWS` rows or more enter the
+/// product in f16, where a GPU runs it on tensor cores (qmatmul_coop.wgsl).
 pub(crate) fn qmatmul_composed(
     format: QuantFormat,
     fusion: QFusion,
@@ -458,6 +465,10 @@ pub(crate) fn qmatmul_composed(
         format,
         fusion: QFusion::NONE,
     };
+    let rows_x = x.numel() / k.max(1);
+    if dtype == DType::F16 && rows_x >= PREFILL_ROWS {
+        x = x.to_dtype(DType::F16)?;
+    }
     let mut y = run(plain, &[&aligned_rows(&x)?, w], shape, DType::F32)?;
     if fusion.swiglu {
         let n = rows / 2;

@@ -443,6 +443,8 @@ fn qmatmul_fused_cases(cases: &mut Vec<Case>) {
         (3, 66, 256),
         (6, 10, 256),
         (12, 18, 256),
+        // a prefill: f16 activations enter the product in f16
+        (70, 34, 256),
     ];
     for format in [
         QuantFormat::Q4_0,
