@@ -1,7 +1,6 @@
 //! The prefill of one prompt, timed four times in one process, then a
-//! per-kernel GPU profile of the last run. The first run builds the GPU
-//! pipelines and is the slowest; `silica generate` reports that one, this
-//! reports the warm ones too.
+//! per-kernel GPU profile of the last run. The first run also builds the
+//! GPU pipelines the prefill needs, so it is the slowest.
 //!
 //! ```sh
 //! cargo run --release -p silica-cli --example prefill_profile -- MODEL.gguf PROMPT.txt [f32|f16|bf16]
