@@ -1,48 +1,56 @@
 // flash_coop.wgsl — attention for many queries (prefill) of f16 q, k, v on
 // cooperative matrices (16x16x16, f32 accumulation). A workgroup of 4
 // subgroups of 32 takes BQ = 64 queries of one (batch, head), 16 rows per
-// subgroup, and walks the keys in tiles of BK = 64. Per tile, each
-// subgroup:
-// - scores its 16 rows against the 64 keys as Sᵀ = k·qᵀ: 4 fragments of
-//   16 keys, k rows as the A operand loaded straight from k (no staging:
-//   the subgroups of a workgroup read the same keys, which the L1 cache
-//   serves), qᵀ as B operands loaded once (k read row by row was 6% faster
+// subgroup, and walks the keys in tiles of BK = 64. Per tile:
+// - the workgroup copies the tile's keys into workgroup memory (kv), 8
+//   halves per load, and each subgroup scores its 16 rows against them as
+//   Sᵀ = k·qᵀ: 4 fragments of 16 keys, k rows as the A operand from kv,
+//   qᵀ as B operands loaded once from q (k read row by row was 6% faster
 //   on an H100 than q·kᵀ with kᵀ read column by column);
-// - stores Sᵀ column-major, that is S row-major, to workgroup memory,
-//   where each thread takes half a row (32
-//   scores): scale, causal and padding masks, the row's maximum (the two
-//   halves swap theirs through workgroup memory), then p = exp(s - m) as
-//   f16 into workgroup memory;
-// - accumulates o += p·v into DF = D / 16 fragments (D up to 128), p read
-//   back as the A operand, v straight from its buffer.
+// - each subgroup stores Sᵀ column-major, that is S row-major, to
+//   workgroup memory, where each thread takes half a row (32 scores):
+//   scale, causal and padding masks, the row's maximum (the two halves
+//   swap theirs through workgroup memory), then p = exp(s - m) as f16 into
+//   workgroup memory; meanwhile the tile's values replace its keys in kv;
+// - each subgroup accumulates o += p·v into DF = D / 16 fragments (D up to
+//   128), p read back as the A operand, v from kv.
 // Rows keep a reference maximum m for their exponentials; only when a
 // tile's maximum exceeds it by more than SLACK is m moved and the
 // accumulators rescaled (through workgroup memory, for the whole workgroup
 // when any row needs it), so p <= e^SLACK stays well inside f16 and the
 // round trip happens in the first tiles only.
 //
-// Fragments are read whole, so the launcher guarantees: Tq >= 16, Tk >= BK,
-// head size a multiple of 16 (<= 128), q, k, v contiguous along the head
-// and their offsets and strides multiples of 8 elements (16 bytes). A
+// q fragments and k and v rows are read whole, so the launcher guarantees:
+// Tq >= 16, Tk >= BK, head size a multiple of 16 (<= 128), q, k, v
+// contiguous along the head and their offsets and strides multiples of 8
+// elements (16 bytes). 42,768 bytes of workgroup memory. A
 // subgroup whose 16 rows cross Tq computes the last 16 instead and writes
 // only its own; the last key tile is moved back to end at Tk and its keys
 // already seen are hidden.
 // Params from attention_params.wgsl.
 
 @group(0) @binding(1) var<storage, read> src_q: array<f16>;
-@group(0) @binding(2) var<storage, read> src_k: array<f16>;
-@group(0) @binding(3) var<storage, read> src_v: array<f16>;
+@group(0) @binding(2) var<storage, read> src_k: array<mat2x4<f16>>;
+@group(0) @binding(3) var<storage, read> src_v: array<mat2x4<f16>>;
 @group(0) @binding(4) var<storage, read> src_m: array<u32>;
 @group(0) @binding(5) var<storage, read_write> dst: array<u32>;
 
 override OUT_DT: u32 = 1u;
 // head size / 16, 1..=8
 override DF: u32 = 8u;
+// Row pitch of the key tile in vec4<f16> slots: the head size and 8 halves
+// (16 bytes), so that the 8 rows of a fragment load start on distinct banks.
+override PD: u32 = 4u * DF + 2u;
 
 const BQ: u32 = 64u;
 const BK: u32 = 64u;
 const SLACK: f32 = 8.0;
 
+// The tile's keys, then its values: [BK][PD] vec4<f16> slots, copied
+// from k and v 8 halves at a time (mat2x4<f16> loads) and read by the
+// four subgroups as fragments. vec4<f16> is the widest pointer type a
+// cooperative load reads correctly (see coop_tiles.wgsl).
+var<workgroup> kv: array<vec4<f16>, 2176>;
 // per subgroup [16][BK]: the tile's scores, and the way out of the accumulators
 var<workgroup> sbuf: array<f32, 4096>;
 // per subgroup [16][BK]: the tile's probabilities, A operand of p·v
@@ -69,9 +77,30 @@ fn score(at: u32, j: u32, j0: u32, row_end: u32, m0: u32) -> f32 {
     return select(NEG_INF, max(x, NEG_INF), j >= j0 && j < row_end);
 }
 
-// The 16 rows of k from element `at` on (keys by dimensions), an A operand.
+// The 16 keys of the tile from slot `at` of kv on (keys by dimensions), an
+// A operand.
 fn k_rows(at: u32) -> coop_mat16x16<f16, A> {
-    return coopLoadT<coop_mat16x16<f16, A>>(&src_k[at], p.sk.y);
+    return coopLoadT<coop_mat16x16<f16, A>>(&kv[at], PD);
+}
+
+// Copies the BK rows (keys) of k or v from element `at` on, `stride`
+// elements apart, into kv: 2·DF runs of 8 halves per row.
+fn stage(at: u32, stride: u32, values: bool, lid: u32) {
+    let runs = 2u * DF;
+    for (var g = lid; g < BK * runs; g += 128u) {
+        let row = g / runs;
+        let c = g % runs;
+        let e = (at + row * stride + 8u * c) >> 3u;
+        var v: mat2x4<f16>;
+        if values {
+            v = src_v[e];
+        } else {
+            v = src_k[e];
+        }
+        let t = row * PD + 2u * c;
+        kv[t] = v[0];
+        kv[t + 1u] = v[1];
+    }
 }
 
 // The 16 rows of q from element `at` on, transposed (dimensions by
@@ -80,44 +109,44 @@ fn q_cols(at: u32) -> coop_mat16x16<f16, B> {
     return coopLoad<coop_mat16x16<f16, B>>(&src_q[at], p.sq.y);
 }
 
-// s + k·qᵀ for the 16 keys whose row starts at `at`; b0..b7 hold qᵀ, 16
-// dimensions each.
+// s + k·qᵀ for the 16 keys whose row starts at slot `at` of kv; b0..b7
+// hold qᵀ, 16 dimensions each.
 fn qk(s: coop_mat16x16<f32, C>, at: u32, b0: coop_mat16x16<f16, B>, b1: coop_mat16x16<f16, B>, b2: coop_mat16x16<f16, B>, b3: coop_mat16x16<f16, B>, b4: coop_mat16x16<f16, B>, b5: coop_mat16x16<f16, B>, b6: coop_mat16x16<f16, B>, b7: coop_mat16x16<f16, B>) -> coop_mat16x16<f32, C> {
     var acc = coopMultiplyAdd(k_rows(at), b0, s);
     if DF > 1u {
-        acc = coopMultiplyAdd(k_rows(at + 16u), b1, acc);
+        acc = coopMultiplyAdd(k_rows(at + 4u), b1, acc);
     }
     if DF > 2u {
-        acc = coopMultiplyAdd(k_rows(at + 32u), b2, acc);
+        acc = coopMultiplyAdd(k_rows(at + 8u), b2, acc);
     }
     if DF > 3u {
-        acc = coopMultiplyAdd(k_rows(at + 48u), b3, acc);
+        acc = coopMultiplyAdd(k_rows(at + 12u), b3, acc);
     }
     if DF > 4u {
-        acc = coopMultiplyAdd(k_rows(at + 64u), b4, acc);
+        acc = coopMultiplyAdd(k_rows(at + 16u), b4, acc);
     }
     if DF > 5u {
-        acc = coopMultiplyAdd(k_rows(at + 80u), b5, acc);
+        acc = coopMultiplyAdd(k_rows(at + 20u), b5, acc);
     }
     if DF > 6u {
-        acc = coopMultiplyAdd(k_rows(at + 96u), b6, acc);
+        acc = coopMultiplyAdd(k_rows(at + 24u), b6, acc);
     }
     if DF > 7u {
-        acc = coopMultiplyAdd(k_rows(at + 112u), b7, acc);
+        acc = coopMultiplyAdd(k_rows(at + 28u), b7, acc);
     }
     return acc;
 }
 
-// o + p·v over the 64 keys of a tile, for the 16 dimensions of v at `at`.
+// o + p·v over the 64 keys of a tile, for the 16 dimensions of v from
+// slot `at` of kv on (the values are staged there).
 fn pv(o: coop_mat16x16<f32, C>, p0: coop_mat16x16<f16, A>, p1: coop_mat16x16<f16, A>, p2: coop_mat16x16<f16, A>, p3: coop_mat16x16<f16, A>, at: u32) -> coop_mat16x16<f32, C> {
-    let s = p.sv.y;
-    let a1 = at + 16u * s;
-    let a2 = a1 + 16u * s;
-    let a3 = a2 + 16u * s;
-    var acc = coopMultiplyAdd(p0, coopLoadT<coop_mat16x16<f16, B>>(&src_v[at], s), o);
-    acc = coopMultiplyAdd(p1, coopLoadT<coop_mat16x16<f16, B>>(&src_v[a1], s), acc);
-    acc = coopMultiplyAdd(p2, coopLoadT<coop_mat16x16<f16, B>>(&src_v[a2], s), acc);
-    return coopMultiplyAdd(p3, coopLoadT<coop_mat16x16<f16, B>>(&src_v[a3], s), acc);
+    let a1 = at + 16u * PD;
+    let a2 = a1 + 16u * PD;
+    let a3 = a2 + 16u * PD;
+    var acc = coopMultiplyAdd(p0, coopLoadT<coop_mat16x16<f16, B>>(&kv[at], PD), o);
+    acc = coopMultiplyAdd(p1, coopLoadT<coop_mat16x16<f16, B>>(&kv[a1], PD), acc);
+    acc = coopMultiplyAdd(p2, coopLoadT<coop_mat16x16<f16, B>>(&kv[a2], PD), acc);
+    return coopMultiplyAdd(p3, coopLoadT<coop_mat16x16<f16, B>>(&kv[a3], PD), acc);
 }
 
 // Fragment o with each row multiplied by its factor in row_f.
@@ -196,7 +225,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let k0 = p.off_k + b * p.sk.x + kvh * p.sk.z;
     let v0 = p.off_v + b * p.sv.x + kvh * p.sv.z;
     let m0 = p.off_m + b * p.sm.x + h * p.sm.y + i * p.sm.z;
-    let k16 = 16u * p.sk.y;
     // qᵀ as B operands, once
     let q0f = q_cols(q0);
     var q1f = q0f;
@@ -240,12 +268,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     for (var j0 = 0u; j0 < end; j0 += BK) {
         // the tile's keys: jb.., moved back to end at Tk
         let jb = min(j0, p.tk - BK);
-        let ka = k0 + jb * p.sk.y;
+        stage(k0 + jb * p.sk.y, p.sk.y, false, lid);
+        workgroupBarrier();
         let z = coop_mat16x16<f32, C>();
-        let s0 = qk(z, ka, q0f, q1f, q2f, q3f, q4f, q5f, q6f, q7f);
-        let s1 = qk(z, ka + k16, q0f, q1f, q2f, q3f, q4f, q5f, q6f, q7f);
-        let s2 = qk(z, ka + 2u * k16, q0f, q1f, q2f, q3f, q4f, q5f, q6f, q7f);
-        let s3 = qk(z, ka + 3u * k16, q0f, q1f, q2f, q3f, q4f, q5f, q6f, q7f);
+        let s0 = qk(z, 0u, q0f, q1f, q2f, q3f, q4f, q5f, q6f, q7f);
+        let s1 = qk(z, 16u * PD, q0f, q1f, q2f, q3f, q4f, q5f, q6f, q7f);
+        let s2 = qk(z, 32u * PD, q0f, q1f, q2f, q3f, q4f, q5f, q6f, q7f);
+        let s3 = qk(z, 48u * PD, q0f, q1f, q2f, q3f, q4f, q5f, q6f, q7f);
         let t1 = sb + 16u;
         let t2 = sb + 32u;
         let t3 = sb + 48u;
@@ -255,6 +284,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         coopStore(s2, &sbuf[t2], BK);
         coopStore(s3, &sbuf[t3], BK);
         workgroupBarrier();
+        // every subgroup is done with the keys: the values take their place
+        stage(v0 + jb * p.sv.y, p.sv.y, true, lid);
         if lid == 0u {
             rescale.x = 0u;
         }
@@ -291,6 +322,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             l += pr;
             pbuf[row + c] = f16(pr);
         }
+        // the values are in kv (and the probabilities in pbuf)
+        workgroupBarrier();
         if workgroupUniformLoad(&rescale).x != 0u {
             o0 = rescaled(o0, sb, sg, lane);
             if DF > 1u {
@@ -320,29 +353,30 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         let p1 = coopLoadT<coop_mat16x16<f16, A>>(&pbuf[t1], BK);
         let p2 = coopLoadT<coop_mat16x16<f16, A>>(&pbuf[t2], BK);
         let p3 = coopLoadT<coop_mat16x16<f16, A>>(&pbuf[t3], BK);
-        let va = v0 + jb * p.sv.y;
-        o0 = pv(o0, p0, p1, p2, p3, va);
+        o0 = pv(o0, p0, p1, p2, p3, 0u);
         if DF > 1u {
-            o1 = pv(o1, p0, p1, p2, p3, va + 16u);
+            o1 = pv(o1, p0, p1, p2, p3, 4u);
         }
         if DF > 2u {
-            o2 = pv(o2, p0, p1, p2, p3, va + 32u);
+            o2 = pv(o2, p0, p1, p2, p3, 8u);
         }
         if DF > 3u {
-            o3 = pv(o3, p0, p1, p2, p3, va + 48u);
+            o3 = pv(o3, p0, p1, p2, p3, 12u);
         }
         if DF > 4u {
-            o4 = pv(o4, p0, p1, p2, p3, va + 64u);
+            o4 = pv(o4, p0, p1, p2, p3, 16u);
         }
         if DF > 5u {
-            o5 = pv(o5, p0, p1, p2, p3, va + 80u);
+            o5 = pv(o5, p0, p1, p2, p3, 20u);
         }
         if DF > 6u {
-            o6 = pv(o6, p0, p1, p2, p3, va + 96u);
+            o6 = pv(o6, p0, p1, p2, p3, 24u);
         }
         if DF > 7u {
-            o7 = pv(o7, p0, p1, p2, p3, va + 112u);
+            o7 = pv(o7, p0, p1, p2, p3, 28u);
         }
+        // every subgroup is done with the values before the next keys
+        workgroupBarrier();
     }
 
     // the row's sum, both halves

@@ -148,11 +148,12 @@ const COOP_BQ: usize = 64;
 const COOP_BK: usize = 64;
 
 /// Whether flash_coop.wgsl can read q, k and v as whole 16x16 fragments:
-/// f16 on an adapter with 16x16 cooperative matrices, at least 16 queries
+/// f16 on an adapter with 16x16 cooperative matrices and the workgroup
+/// memory of the matmul tiles (more than the kernel's), at least 16 queries
 /// and a key tile of keys, a head size that is a multiple of 16, and rows
 /// contiguous along the head that start on 16 bytes.
 fn coop_flash(ctx: &Context, views: [&Tensor; 3], tq: usize, tk: usize, d: usize) -> bool {
-    ctx.coop16()
+    super::matmul::coop_tiles(ctx)
         && views[0].dtype() == DType::F16
         && tq >= 16
         && tk >= COOP_BK
