@@ -438,24 +438,29 @@ const PREFILL_ROWS: usize = 64;
 
 /// A fused quantized product (inputs as for [`Op::QMatmul`]) as separate
 /// ops: where no kernel fuses it, and the CPU reference. Like the fused
-/// kernel, it computes in f32 and rounds to the dtype once, at the end,
-/// except that f16 activations of `PREFILL_ROWS` rows or more enter the
-/// product in f16, where a GPU runs it on tensor cores (qmatmul_coop.wgsl).
+/// kernel, it computes in f32 and rounds to the dtype once, at the end;
+/// except a prefill in f16 (`PREFILL_ROWS` rows or more), which runs every
+/// op in f16 as a dense f16 model does, so that a GPU takes the product on
+/// tensor cores (qmatmul_coop.wgsl) and the ops around it move half the
+/// bytes.
 pub(crate) fn qmatmul_composed(
     format: QuantFormat,
     fusion: QFusion,
     inputs: &[&Tensor],
 ) -> Result<Tensor> {
     let dtype = inputs[0].dtype();
-    let f32_of = |t: &Tensor| t.to_dtype(DType::F32);
-    let mut x = f32_of(inputs[0])?;
+    let k = inputs[0].shape().last().copied().unwrap_or(0);
+    let prefill16 = dtype == DType::F16 && inputs[0].numel() / k.max(1) >= PREFILL_ROWS;
+    // the compute dtype
+    let ct = if prefill16 { DType::F16 } else { DType::F32 };
+    let cast = |t: &Tensor| t.to_dtype(ct);
+    let mut x = cast(inputs[0])?;
     let w = inputs[1];
     let mut next = 2;
     if let Some(eps) = fusion.rms_norm {
-        x = x.rms_norm(&f32_of(inputs[2])?, eps)?;
+        x = x.rms_norm(&cast(inputs[2])?, eps)?;
         next += 1;
     }
-    let k = x.shape().last().copied().unwrap_or(0);
     // the blocks are padded to whole words only: the floor is the row count
     let rows = (w.numel() * 4) / format.bytes_for(k).max(1);
     let mut shape = x.shape().to_vec();
@@ -465,17 +470,13 @@ pub(crate) fn qmatmul_composed(
         format,
         fusion: QFusion::NONE,
     };
-    let rows_x = x.numel() / k.max(1);
-    if dtype == DType::F16 && rows_x >= PREFILL_ROWS {
-        x = x.to_dtype(DType::F16)?;
-    }
-    let mut y = run(plain, &[&aligned_rows(&x)?, w], shape, DType::F32)?;
+    let mut y = run(plain, &[&aligned_rows(&x)?, w], shape, ct)?;
     if fusion.swiglu {
         let n = rows / 2;
         y = y.narrow(-1, 0, n)?.swiglu(&y.narrow(-1, n, n)?)?;
     }
     if fusion.residual {
-        y = y.add(&f32_of(inputs[next])?)?;
+        y = y.add(&cast(inputs[next])?)?;
     }
     y.to_dtype(dtype)
 }
