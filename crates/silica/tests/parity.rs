@@ -46,6 +46,23 @@ fn accumulating(dtype: DType) -> Tol {
     }
 }
 
+/// A quantized product with `rows` rows of x: from 64 rows of f16, a GPU
+/// with tensor cores rounds the decoded weights to f16 (the weights a model
+/// dequantized to f16 at load holds) where the CPU decodes them exactly;
+/// SwiGLU multiplies two such products. Measured on an H100: errors up to
+/// 0.045 at outputs of 2.6, where `accumulating` allows 0.041.
+fn quantized(dtype: DType, rows: usize) -> Tol {
+    let t = accumulating(dtype);
+    if dtype == DType::F16 && rows >= 64 {
+        Tol {
+            atol: t.atol * 3.0,
+            rtol: t.rtol * 3.0,
+        }
+    } else {
+        t
+    }
+}
+
 type Build = Box<dyn Fn(&Device) -> Result<Tensor>>;
 
 struct Case {
@@ -421,7 +438,8 @@ fn qmatmul_cases(cases: &mut Vec<Case>) {
                         continue;
                     }
                     let name = format!("matmul_q {format} {dtype} {kind:?} {xs:?} x [{n}, {k}]");
-                    case(cases, name, accumulating(dtype), move |d| {
+                    let rows = xs[..xs.len() - 1].iter().product();
+                    case(cases, name, quantized(dtype, rows), move |d| {
                         let w = QTensor::random(format, &[n, k], 30, d)?;
                         input(kind, xs, dtype, 31, d)?.matmul_q(&w)
                     });
@@ -459,7 +477,7 @@ fn qmatmul_fused_cases(cases: &mut Vec<Case>) {
                     let name = format!(
                         "matmul_q_fused {format} {dtype} norm={norm} swiglu={swiglu} residual={residual} [{m}, {k}] -> {n}"
                     );
-                    case(cases, name, accumulating(dtype), move |d| {
+                    case(cases, name, quantized(dtype, m), move |d| {
                         let rows = if swiglu { 2 * n } else { n };
                         let w = QTensor::random(format, &[rows, k], 40, d)?;
                         let x = input(Kind::Contiguous, &[m, k], dtype, 41, d)?;
