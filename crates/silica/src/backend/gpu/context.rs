@@ -177,9 +177,10 @@ pub(crate) struct Context {
     profile: Mutex<ProfileMap>,
 }
 
-/// Whether the adapter runs matmul_coop.wgsl: f16, 16x16x16 f16 x f16 -> f32
-/// cooperative matrices, and subgroups of exactly 32 (the kernel splits its
-/// 256 threads into 8 subgroups). `SILICA_NO_COOP=1` turns it off.
+/// Whether the adapter runs the cooperative-matrix kernels (matmul_coop,
+/// coop_tiles, flash_coop): f16, 16x16x16 f16 x f16 -> f32 cooperative
+/// matrices, and subgroups of exactly 32 (the kernels split their threads
+/// into subgroups of 32). `SILICA_NO_COOP=1` turns them off.
 fn coop16_available(adapter: &wgpu::Adapter) -> bool {
     use wgpu::CooperativeScalarType as T;
     if std::env::var("SILICA_NO_COOP").is_ok_and(|v| v == "1") {
