@@ -1,5 +1,6 @@
 //! Where tensor elements live: host vectors or GPU buffers.
 
+use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
 use crate::backend::gpu::GpuBuffer;
@@ -251,6 +252,17 @@ impl CpuStorage {
                 }
                 _ => layout.offsets().map(|o| v[o]).collect(),
             },
+            // contiguous halves: the slice conversion (F16C where the CPU has it)
+            CpuStorage::F16(v) if layout.is_contiguous() => {
+                let mut out = vec![0f32; layout.numel()];
+                v[layout.offset()..layout.offset() + layout.numel()].convert_to_f32_slice(&mut out);
+                out
+            }
+            CpuStorage::BF16(v) if layout.is_contiguous() => {
+                let mut out = vec![0f32; layout.numel()];
+                v[layout.offset()..layout.offset() + layout.numel()].convert_to_f32_slice(&mut out);
+                out
+            }
             CpuStorage::F16(v) => g(v, layout),
             CpuStorage::BF16(v) => g(v, layout),
             CpuStorage::U32(v) => g(v, layout),
