@@ -55,6 +55,11 @@ pub(crate) static QMATMUL_COOP: Kernel = Kernel {
     outputs: 1,
 };
 
+/// Rows of f16 x from which the cooperative-matrix kernel takes the product
+/// (its tiles have 128 rows; `qtensor.rs` keeps an f16 prefill in f16 from
+/// here on, `PREFILL_ROWS`).
+const COOP_MIN_M: usize = 64;
+
 pub(crate) static QROWS: Kernel = Kernel {
     name: "qrows",
     source: concat!(
@@ -209,7 +214,7 @@ pub(crate) fn qmatmul(
             [groups.min(max), groups.div_ceil(max), 1],
             Some(gemv),
         )
-    } else if m >= 64 && x.dtype() == DType::F16 && super::matmul::coop_tiles(ctx) {
+    } else if m >= COOP_MIN_M && x.dtype() == DType::F16 && super::matmul::coop_tiles(ctx) {
         (&QMATMUL_COOP, [n.div_ceil(128), m.div_ceil(128), 1], None)
     } else {
         (&QMATMUL, [n.div_ceil(64), m.div_ceil(64), 1], None)
