@@ -68,20 +68,39 @@ fn run_on_cpu(
     }
 }
 
-/// Tolerance of `SILICA_CHECK` for results of `dtype`: |gpu - cpu| <= tol * (1 + |cpu|).
-fn check_tolerance(op: &Op, dtype: DType) -> f64 {
+/// Tolerance of `SILICA_CHECK`: element i of a result may differ from the
+/// CPU's r by `rel * (1 + |r_i|) + rel * rms_share * rms(r)`.
+#[derive(Clone, Copy)]
+struct CheckTol {
+    rel: f64,
+    rms_share: f64,
+}
+
+/// The `SILICA_CHECK` tolerance of `op` with results of `dtype`.
+fn check_tolerance(op: &Op, dtype: DType) -> CheckTol {
     let base = match dtype {
         DType::F32 => 1e-4,
         DType::F16 => 2e-3,
         DType::BF16 => 1.6e-2,
         DType::U32 | DType::I64 => 0.0,
     };
-    match op {
+    let rel = match op {
         // sums of many rounded products
         Op::Matmul | Op::QMatmul { .. } | Op::Reduce(_) | Op::Attention { .. } => base * 10.0,
         Op::RmsNorm { .. } | Op::LayerNorm { .. } => base * 4.0,
         _ => base,
-    }
+    };
+    // The cooperative-matrix kernel of a quantized product with 16-bit
+    // activations rounds the decoded weights to f16, as a model dequantized
+    // at load holds them. In a sum of K products that rounding's error
+    // grows like the outputs' typical size (both like √K), not like the
+    // element's, so outputs near zero are allowed 1/32 of the outputs' RMS
+    // at the op's tolerance on top.
+    let rms_share = match op {
+        Op::QMatmul { .. } if dtype != DType::F32 => 1.0 / 32.0,
+        _ => 0.0,
+    };
+    CheckTol { rel, rms_share }
 }
 
 /// `SILICA_CHECK=1`: compares a GPU result with the CPU kernel's.
@@ -92,23 +111,9 @@ fn check_against_cpu(op: &Op, inputs: &[&Tensor], gpu_out: &Tensor) -> Result<()
         crate::backend::cpu::exact(|| run_on_cpu(op, inputs, gpu_out.shape(), gpu_out.dtype()))?
             .to_f64();
     let tol = check_tolerance(op, gpu_out.dtype());
-    // The cooperative-matrix kernel of a quantized product with 16-bit
-    // activations rounds the decoded weights to f16, as a model dequantized
-    // at load holds them. In a sum of K products that rounding's error
-    // grows like the outputs' typical size (both like √K), not like the
-    // element's, so outputs near zero are allowed 1/32 of the outputs' RMS
-    // at the op's tolerance on top.
-    let floor = match op {
-        Op::QMatmul { .. } if gpu_out.dtype() != DType::F32 => {
-            let mean_sq =
-                reference.iter().map(|r| r * r).sum::<f64>() / reference.len().max(1) as f64;
-            tol * mean_sq.sqrt() / 32.0
-        }
-        _ => 0.0,
-    };
     let shapes = inputs.iter().map(|t| t.shape().to_vec()).collect();
     let input = (inputs[0].dtype(), shapes);
-    check_close(op.name(), input, &reference, gpu_out, (tol, floor))
+    check_close(op.name(), input, &reference, gpu_out, tol)
 }
 
 /// `SILICA_CHECK=1` for a fused step of several ops: compares the GPU's
@@ -127,20 +132,29 @@ pub(crate) fn check_fused(
         (got.dtype(), shapes),
         &reference.to_f64_vec()?,
         got,
-        (tol, 0.0),
+        tol,
     )
 }
 
-/// The element of `got` furthest from `reference` beyond `tol * (1 +
-/// |reference|) + floor`, as an error naming the op's input (dtype and
-/// shapes); NaN matches NaN.
+/// The element of `got` furthest from `reference` beyond `tol` (see
+/// [`CheckTol`]), as an error naming the op's input (dtype and shapes);
+/// NaN matches NaN.
 fn check_close(
     op: &'static str,
     (dtype, shapes): (DType, Vec<Vec<usize>>),
     reference: &[f64],
     got: &Tensor,
-    (tol, floor): (f64, f64),
+    CheckTol {
+        rel: tol,
+        rms_share,
+    }: CheckTol,
 ) -> Result<()> {
+    let floor = if rms_share > 0.0 {
+        let mean_sq = reference.iter().map(|r| r * r).sum::<f64>() / reference.len().max(1) as f64;
+        tol * rms_share * mean_sq.sqrt()
+    } else {
+        0.0
+    };
     let gpu_out = got;
     let got = gpu_out.to_f64_vec()?;
     let mut worst: Option<(usize, f64)> = None;

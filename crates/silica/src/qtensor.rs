@@ -434,7 +434,7 @@ fn aligned_rows(t: &Tensor) -> Result<Tensor> {
 /// Rows of x from which a quantized product with f16 activations counts as
 /// a prefill: the GPU launcher's threshold for its cooperative-matrix
 /// kernel.
-const PREFILL_ROWS: usize = 64;
+const PREFILL_ROWS: usize = crate::backend::gpu::qmatmul::COOP_MIN_M;
 
 /// A fused quantized product (inputs as for [`Op::QMatmul`]) as separate
 /// ops: where no kernel fuses it, and the CPU reference. Like the fused

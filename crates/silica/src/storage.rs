@@ -236,6 +236,14 @@ impl CpuStorage {
         fn g<T: Scalar>(v: &[T], layout: &Layout) -> Vec<f32> {
             layout.offsets().map(|o| v[o].to_f64() as f32).collect()
         }
+        fn halves<T>(v: &[T], layout: &Layout) -> Vec<f32>
+        where
+            [T]: HalfFloatSliceExt,
+        {
+            let mut out = vec![0f32; layout.numel()];
+            v[layout.offset()..layout.offset() + layout.numel()].convert_to_f32_slice(&mut out);
+            out
+        }
         match self {
             CpuStorage::F32(v) if layout.is_contiguous() => {
                 v[layout.offset()..layout.offset() + layout.numel()].to_vec()
@@ -253,16 +261,8 @@ impl CpuStorage {
                 _ => layout.offsets().map(|o| v[o]).collect(),
             },
             // contiguous halves: the slice conversion (F16C where the CPU has it)
-            CpuStorage::F16(v) if layout.is_contiguous() => {
-                let mut out = vec![0f32; layout.numel()];
-                v[layout.offset()..layout.offset() + layout.numel()].convert_to_f32_slice(&mut out);
-                out
-            }
-            CpuStorage::BF16(v) if layout.is_contiguous() => {
-                let mut out = vec![0f32; layout.numel()];
-                v[layout.offset()..layout.offset() + layout.numel()].convert_to_f32_slice(&mut out);
-                out
-            }
+            CpuStorage::F16(v) if layout.is_contiguous() => halves(v, layout),
+            CpuStorage::BF16(v) if layout.is_contiguous() => halves(v, layout),
             CpuStorage::F16(v) => g(v, layout),
             CpuStorage::BF16(v) => g(v, layout),
             CpuStorage::U32(v) => g(v, layout),

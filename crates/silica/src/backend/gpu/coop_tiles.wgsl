@@ -31,14 +31,14 @@ const TK: u32 = 32u;
 const PK: u32 = 10u;
 // Row pitch of the k-major [TK][128] b tile: 136 halves.
 const PN: u32 = 34u;
-// vec4 slots per stage (the larger of 128 * PK and TK * PN).
-const STAGE: u32 = 1280u;
+// vec4 slots per stage: a's [128][PK], or b's, the larger layout.
+const STAGE: u32 = max(128u * PK, TK * PN);
 
 // Two stages each; 45,056 bytes in all with the scratch, every variable a
 // multiple of 16 bytes (NVIDIA places them back to back, and a fragment
 // load from an address that is not a multiple of 16 bytes reads wrongly).
-var<workgroup> tile_a: array<vec4<f16>, 2560>;
-var<workgroup> tile_b: array<vec4<f16>, 2560>;
+var<workgroup> tile_a: array<vec4<f16>, 2u * STAGE>;
+var<workgroup> tile_b: array<vec4<f16>, 2u * STAGE>;
 var<workgroup> scratch: array<f32, 1024>; // [4 subgroups][16 * 16]
 
 const ZERO8 = mat2x4<f16>(vec4<f16>(0.0h), vec4<f16>(0.0h));

@@ -51,7 +51,7 @@ const SLACK: f32 = 8.0;
 // from k and v 8 halves at a time (mat2x4<f16> loads) and read by the
 // four subgroups as fragments. vec4<f16> is the widest pointer type a
 // cooperative load reads correctly (see coop_tiles.wgsl).
-var<workgroup> kv: array<vec4<f16>, 2176>;
+var<workgroup> kv: array<vec4<f16>, BK * (4u * 8u + 2u)>; // PD at the largest DF
 // per subgroup [16][BK]: the tile's scores, and the way out of the accumulators
 var<workgroup> sbuf: array<f32, 4096>;
 // per subgroup [16][BK]: the tile's probabilities, A operand of p·v

@@ -11,7 +11,7 @@ mod copy;
 mod elementwise;
 mod matmul;
 mod nn;
-mod qmatmul;
+pub(crate) mod qmatmul;
 mod reduce;
 #[cfg(test)]
 mod shader_tests;

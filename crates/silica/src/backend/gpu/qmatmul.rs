@@ -56,9 +56,9 @@ pub(crate) static QMATMUL_COOP: Kernel = Kernel {
 };
 
 /// Rows of f16 x from which the cooperative-matrix kernel takes the product
-/// (its tiles have 128 rows; `qtensor.rs` keeps an f16 prefill in f16 from
-/// here on, `PREFILL_ROWS`).
-const COOP_MIN_M: usize = 64;
+/// (its tiles have 128 rows); `qtensor.rs` keeps an f16 prefill in f16 from
+/// here on.
+pub(crate) const COOP_MIN_M: usize = 64;
 
 pub(crate) static QROWS: Kernel = Kernel {
     name: "qrows",
