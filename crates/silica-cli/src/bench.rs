@@ -506,6 +506,35 @@ fn small_ops(dev: &Device, dtype: DType) -> silica::Result<SmallOps> {
     })
 }
 
+/// Bytes moved by each transfer of [`transfers`].
+const TRANSFER_BYTES: usize = 64 << 20;
+
+/// Host-to-device and device-to-host copies of 64 MiB (best of 5, wall
+/// clock): `Tensor::from_slice` then a wait for the device, and `to_vec`.
+/// Returns seconds per upload and per read-back.
+fn transfers(dev: &Device) -> Result<(f64, f64), CliError> {
+    let n = TRANSFER_BYTES / 4;
+    let host: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    let (mut up, mut down) = (f64::INFINITY, f64::INFINITY);
+    for _ in 0..5 {
+        let start = Instant::now();
+        let t = Tensor::from_slice(&host, &[n], dev)?;
+        dev.synchronize()?;
+        up = up.min(start.elapsed().as_secs_f64());
+        let start = Instant::now();
+        let back: Vec<f32> = t.to_vec()?;
+        down = down.min(start.elapsed().as_secs_f64());
+        if back != host {
+            return Err(CliError::msg(
+                "bench: the read-back differs from the upload".into(),
+            ));
+        }
+        drop(t);
+        dev.empty_cache();
+    }
+    Ok((up, down))
+}
+
 fn kind_json(kind: &Kind) -> String {
     // Debug of the kind is `Name { field: value, .. }`: turn it into JSON
     let text = format!("{kind:?}");
@@ -628,6 +657,28 @@ pub fn run(args: &BenchArgs) -> Result<(), CliError> {
                 "\nsmall ops: {ops:.0} adds/s sustained (1,000 chained adds of 1,024 elements), {:.2}us of host time to record each; one add + read-back {:.1}us{gpu}\n",
                 host_per_op * 1e6,
                 latency * 1e6
+            )
+        };
+        emit(&line)?;
+    }
+    if args
+        .filter
+        .as_ref()
+        .is_none_or(|f| "transfers".contains(f.as_str()))
+    {
+        let (up, down) = transfers(&dev)?;
+        let gbs = |s: f64| TRANSFER_BYTES as f64 / s / 1e9;
+        let line = if args.json {
+            format!(
+                "{{\"name\": \"transfers\", \"kind\": {{\"op\": \"Transfers\"}}, \"device\": \"{dev}\", \"bytes\": {TRANSFER_BYTES}, \"upload_s\": {up:e}, \"read_back_s\": {down:e}}}\n"
+            )
+        } else {
+            format!(
+                "transfers of 64 MiB: upload {:.1} ms ({:.1} GB/s), read-back {:.1} ms ({:.1} GB/s)\n",
+                up * 1e3,
+                gbs(up),
+                down * 1e3,
+                gbs(down)
             )
         };
         emit(&line)?;

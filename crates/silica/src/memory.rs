@@ -41,6 +41,9 @@ pub(crate) struct MemoryPool {
     device: wgpu::Device,
     device_name: String,
     max_binding: u64,
+    /// Usage of every buffer: TENSOR_USAGE, plus mapping for reads and
+    /// writes on unified-memory adapters (see [`MemoryPool::mappable`]).
+    usage: wgpu::BufferUsages,
     state: Mutex<PoolState>,
     /// Bind groups of whole buffers, by the buffers they bind (see
     /// [`MemoryPool::bind_group`]). A bind group keeps its buffers alive, so
@@ -105,11 +108,25 @@ impl Drop for GpuBuffer {
 }
 
 impl MemoryPool {
-    pub fn new(device: wgpu::Device, device_name: String, max_binding: u64) -> Self {
+    /// `mappable`: the device has `MAPPABLE_PRIMARY_BUFFERS` and shares the
+    /// host's memory, so tensor buffers are made mappable and uploads and
+    /// read-backs go through them without a staging copy.
+    pub fn new(
+        device: wgpu::Device,
+        device_name: String,
+        max_binding: u64,
+        mappable: bool,
+    ) -> Self {
+        let usage = if mappable {
+            TENSOR_USAGE | wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::MAP_WRITE
+        } else {
+            TENSOR_USAGE
+        };
         Self {
             device,
             device_name,
             max_binding,
+            usage,
             state: Mutex::new(PoolState::default()),
             bind_groups: Mutex::new(HashMap::new()),
         }
@@ -206,8 +223,28 @@ impl MemoryPool {
         }
     }
 
+    /// Whether tensor buffers can be mapped by the host (unified memory).
+    pub fn mappable(&self) -> bool {
+        self.usage.contains(wgpu::BufferUsages::MAP_WRITE)
+    }
+
     /// A buffer of at least `bytes` bytes (contents undefined).
     pub fn alloc(self: &Arc<Self>, bytes: u64) -> Result<GpuBuffer> {
+        Ok(self.alloc_as(bytes, false)?.0)
+    }
+
+    /// A buffer of at least `bytes` bytes to upload into, and whether it is
+    /// mapped for writing: a cached buffer where one fits (the GPU may still
+    /// be using it, so it is written through a copy), else, where
+    /// [`MemoryPool::mappable`], a new one mapped for the caller to fill and
+    /// unmap.
+    pub fn alloc_for_upload(self: &Arc<Self>, bytes: u64) -> Result<(GpuBuffer, bool)> {
+        self.alloc_as(bytes, self.mappable())
+    }
+
+    /// `mapped`: a buffer created for it is created mapped; the flag says
+    /// whether that happened.
+    fn alloc_as(self: &Arc<Self>, bytes: u64, mapped: bool) -> Result<(GpuBuffer, bool)> {
         let bytes = bytes.max(4).next_multiple_of(4);
         if bytes > self.max_binding {
             return Err(Error::TooLarge {
@@ -219,6 +256,7 @@ impl MemoryPool {
         let class = size_class(bytes).min(self.max_binding);
         let mut s = self.lock();
         let reused = s.free.get_mut(&class).and_then(|v| v.pop());
+        let created = reused.is_none();
         let buffer = match reused {
             Some(b) => {
                 s.stats.cached_buffers -= 1;
@@ -233,12 +271,13 @@ impl MemoryPool {
                         return Err(self.oom(bytes, &s));
                     }
                 }
-                let b = match self.create(class) {
+                let b = match self.create(class, mapped) {
                     Some(b) => b,
                     None => {
                         // the driver is out of memory: free the cache and try once more
                         self.drop_cached(&mut s);
-                        self.create(class).ok_or_else(|| self.oom(bytes, &s))?
+                        self.create(class, mapped)
+                            .ok_or_else(|| self.oom(bytes, &s))?
                     }
                 };
                 s.stats.reserved += class;
@@ -248,23 +287,24 @@ impl MemoryPool {
         s.stats.allocated += class;
         s.stats.live_buffers += 1;
         s.stats.peak_allocated = s.stats.peak_allocated.max(s.stats.allocated);
-        Ok(GpuBuffer {
+        let buf = GpuBuffer {
             buffer: Some(buffer),
             class,
             pool: self.clone(),
-        })
+        };
+        Ok((buf, mapped && created))
     }
 
     /// Creates a buffer, catching out-of-memory and validation errors in an
     /// error scope instead of wgpu's default (panicking) handler.
-    fn create(&self, size: u64) -> Option<wgpu::Buffer> {
+    fn create(&self, size: u64, mapped: bool) -> Option<wgpu::Buffer> {
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let inner = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("silica tensor"),
             size,
-            usage: TENSOR_USAGE,
-            mapped_at_creation: false,
+            usage: self.usage,
+            mapped_at_creation: mapped,
         });
         let invalid = pollster::block_on(inner.pop()).is_some();
         let oom = pollster::block_on(scope.pop()).is_some();

@@ -288,6 +288,10 @@ impl Tensor {
                 let start = self.layout.offset();
                 let span = self.layout.storage_extent().saturating_sub(start);
                 let range = g.download(b, start, span, self.dtype)?;
+                if self.layout.is_contiguous() {
+                    // the range read is the tensor's elements, in order
+                    return Ok(range);
+                }
                 let local = Layout::new(self.shape().to_vec(), self.layout.strides().to_vec(), 0);
                 Ok(range.gather(&local))
             }

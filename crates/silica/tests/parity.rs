@@ -380,6 +380,7 @@ fn forced_matmul_cases(cases: &mut Vec<Case>) {
         "matmul",
         "matmul_big",
         "matmul_coop",
+        "matmul_coop_sg4",
         "matmul_coop_vec",
         "gemv",
     ] {

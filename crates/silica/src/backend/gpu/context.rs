@@ -41,6 +41,10 @@ pub(crate) struct Kernel {
     pub trusted: bool,
 }
 
+/// Uploads from which unified memory writes new buffers in place: smaller
+/// ones take a cached buffer of their size where there is one.
+const MAPPED_UPLOAD_MIN: usize = 1 << 16;
+
 /// A read-back under way (see [`Context::read_start`]).
 pub(crate) struct PendingBytes {
     staging: wgpu::Buffer,
@@ -146,8 +150,11 @@ pub(crate) struct Context {
     pub pool: Arc<MemoryPool>,
     name: String,
     /// 16x16x16 f16 cooperative matrices with f32 accumulation, subgroups
-    /// of exactly 32: matmul_coop.wgsl can run.
+    /// of exactly 32: the kernels on coop16.wgsl can run.
     coop16: bool,
+    /// 8x8x8 f16 cooperative matrices with f32 accumulation on an Apple GPU
+    /// (simdgroups of 32): matmul_coop.wgsl on coop8.wgsl can run.
+    coop8: bool,
     /// Test hook: the matmul kernel to use whatever the shape.
     pub forced_matmul: Mutex<Option<&'static str>>,
     max_groups: u32,
@@ -177,28 +184,66 @@ pub(crate) struct Context {
     profile: Mutex<ProfileMap>,
 }
 
-/// Whether the adapter runs the cooperative-matrix kernels (matmul_coop,
-/// coop_tiles, flash_coop): f16, 16x16x16 f16 x f16 -> f32 cooperative
-/// matrices, and subgroups of exactly 32 (the kernels split their threads
-/// into subgroups of 32). `SILICA_NO_COOP=1` turns them off.
-fn coop16_available(adapter: &wgpu::Adapter) -> bool {
+/// Whether the adapter offers `m`x`m`x`m` cooperative matrices of f16
+/// operands with f32 accumulators, and the features their kernels need.
+/// `SILICA_NO_COOP=1` turns every cooperative-matrix kernel off.
+fn coop_config(adapter: &wgpu::Adapter, m: u32) -> bool {
     use wgpu::CooperativeScalarType as T;
     if std::env::var("SILICA_NO_COOP").is_ok_and(|v| v == "1") {
         return false;
     }
     let need = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX | wgpu::Features::SHADER_F16;
-    let info = adapter.get_info();
-    // matmul_coop_vec.wgsl loads fragments through vec4<f16> pointers, whose
-    // stride MSL would count in halves; Apple GPUs offer 8x8 matrices only
     adapter.features().contains(need)
-        && info.backend != wgpu::Backend::Metal
-        && info.subgroup_min_size == 32
-        && info.subgroup_max_size == 32
         && adapter.cooperative_matrix_properties().iter().any(|c| {
-            (c.m_size, c.n_size, c.k_size) == (16, 16, 16)
+            (c.m_size, c.n_size, c.k_size) == (m, m, m)
                 && c.ab_type == T::F16
                 && c.cr_type == T::F32
         })
+}
+
+/// Whether the adapter runs the kernels on 16x16 cooperative matrices
+/// (matmul_coop, coop_tiles, flash_coop): subgroups of
+/// exactly 32 (the kernels split their threads into subgroups of 32).
+fn coop16_available(adapter: &wgpu::Adapter) -> bool {
+    let info = adapter.get_info();
+    // coop_tiles.wgsl loads fragments through vec4<f16> pointers, which
+    // MSL cannot pass where it expects pointers to halves; Apple GPUs
+    // offer 8x8 matrices only anyway
+    coop_config(adapter, 16)
+        && info.backend != wgpu::Backend::Metal
+        && info.subgroup_min_size == 32
+        && info.subgroup_max_size == 32
+}
+
+/// Whether the adapter runs matmul_coop.wgsl on 8x8 fragments (coop8.wgsl):
+/// an Apple GPU through Metal, whose simdgroups are 32 threads wide (wgpu
+/// reports Metal's subgroup sizes as 4..64 whatever the GPU, so the vendor
+/// is what tells).
+fn coop8_available(adapter: &wgpu::Adapter) -> bool {
+    let info = adapter.get_info();
+    coop_config(adapter, 8)
+        && info.backend == wgpu::Backend::Metal
+        && info.name.starts_with("Apple")
+}
+
+/// Whether the adapter shares the host's memory and lets tensor buffers be
+/// mapped (`MAPPABLE_PRIMARY_BUFFERS`): an integrated GPU (Apple silicon,
+/// laptop GPUs) or a software one (lavapipe). There uploads fill new
+/// buffers in place and reads map them, with no staging copy; on a discrete
+/// GPU mappable buffers would live in host memory, out of the GPU's reach
+/// at full speed. `SILICA_NO_MAPPED=1` turns it off.
+fn unified_memory(adapter: &wgpu::Adapter) -> bool {
+    if std::env::var("SILICA_NO_MAPPED").is_ok_and(|v| v == "1") {
+        return false;
+    }
+    let info = adapter.get_info();
+    adapter
+        .features()
+        .contains(wgpu::Features::MAPPABLE_PRIMARY_BUFFERS)
+        && matches!(
+            info.device_type,
+            wgpu::DeviceType::IntegratedGpu | wgpu::DeviceType::Cpu
+        )
 }
 
 /// Locks a mutex whose data stays valid even if a holder panicked.
@@ -213,8 +258,13 @@ impl Context {
             | wgpu::Features::TIMESTAMP_QUERY
             | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
         let coop16 = coop16_available(adapter);
-        if coop16 {
+        let coop8 = !coop16 && coop8_available(adapter);
+        if coop16 || coop8 {
             wanted |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+        }
+        let mappable = unified_memory(adapter);
+        if mappable {
+            wanted |= wgpu::Features::MAPPABLE_PRIMARY_BUFFERS;
         }
         let mut limits = adapter.limits();
         let immediate_bytes = if adapter.features().contains(wgpu::Features::IMMEDIATES)
@@ -234,10 +284,11 @@ impl Context {
             required_limits: limits,
             memory_hints: wgpu::MemoryHints::Performance,
             // SAFETY: the one experimental feature asked for is cooperative
-            // matrices, used only by matmul_coop.wgsl, whose shader test
-            // validates it with naga and whose results the parity suite
-            // compares with the CPU on every adapter that offers it.
-            experimental_features: if coop16 {
+            // matrices, used only by the cooperative-matrix kernels, whose
+            // shader test validates them with naga and
+            // whose results the parity suite compares with the CPU on every
+            // adapter that runs them.
+            experimental_features: if coop16 || coop8 {
                 unsafe { wgpu::ExperimentalFeatures::enabled() }
             } else {
                 wgpu::ExperimentalFeatures::disabled()
@@ -276,6 +327,7 @@ impl Context {
             limits
                 .max_storage_buffer_binding_size
                 .min(limits.max_buffer_size),
+            mappable,
         ));
         Ok(Self {
             device,
@@ -283,6 +335,7 @@ impl Context {
             pool,
             name: info.name.clone(),
             coop16,
+            coop8,
             forced_matmul: Mutex::new(None),
             max_groups: limits.max_compute_workgroups_per_dimension,
             workgroup_memory: limits.max_compute_workgroup_storage_size,
@@ -538,6 +591,34 @@ impl Context {
         self.take_error()
     }
 
+    /// A new buffer holding `data`, zero padded to whole words. On unified
+    /// memory a large one is written in place through its mapping when the
+    /// pool has to make a buffer for it; otherwise the bytes go through a
+    /// staging buffer.
+    pub fn upload(&self, data: &[u8]) -> Result<GpuBuffer> {
+        let padded = data.len().next_multiple_of(4);
+        let (buf, mapped) = if padded >= MAPPED_UPLOAD_MIN {
+            self.pool.alloc_for_upload(padded as u64)?
+        } else {
+            (self.pool.alloc(padded as u64)?, false)
+        };
+        if !mapped {
+            self.write(&buf, data)?;
+            return Ok(buf);
+        }
+        {
+            let mut view = buf
+                .raw()
+                .slice(..padded as u64)
+                .get_mapped_range_mut()
+                .map_err(|e| self.gpu_err(e))?;
+            view.slice(..data.len()).copy_from_slice(data);
+            view.slice(data.len()..).fill(0);
+        }
+        buf.raw().unmap();
+        Ok(buf)
+    }
+
     /// Records a copy of `data` into the start of `dst`.
     pub fn write(&self, dst: &GpuBuffer, data: &[u8]) -> Result<()> {
         self.write_at(dst, 0, data)
@@ -640,8 +721,55 @@ impl Context {
 
     /// Reads `size` bytes at `offset` (both multiples of 4), waiting for all pending work.
     pub fn read(&self, src: &wgpu::Buffer, offset: u64, size: u64) -> Result<Vec<u8>> {
+        if src.usage().contains(wgpu::BufferUsages::MAP_READ) {
+            return self.read_mapped(src, offset, size, <[u8]>::to_vec);
+        }
         let pending = self.read_start(src, offset, size)?;
         self.read_finish(pending)
+    }
+
+    /// Reads `size` bytes at `offset` of a mappable buffer (unified memory;
+    /// `offset` a multiple of 4) once the work before is done, passing them
+    /// to `f` straight from the buffer's mapping: no copy on the GPU, none
+    /// into a staging buffer.
+    pub fn read_mapped<R>(
+        &self,
+        src: &wgpu::Buffer,
+        offset: u64,
+        size: u64,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R> {
+        self.check_alive()?;
+        let index = self.flush();
+        // nothing is submitted while the buffer is mapped: work recorded by
+        // other threads meanwhile waits in the pending encoder
+        let _hold = lock(&self.pending);
+        let start = offset & !(wgpu::MAP_ALIGNMENT - 1);
+        let end = (offset + size).next_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT);
+        let slice = src.slice(start..end);
+        let (tx, rx) = std::sync::mpsc::channel();
+        slice.map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        self.device
+            .poll(wgpu::PollType::Wait {
+                submission_index: index,
+                timeout: None,
+            })
+            .map_err(|e| self.gpu_err(e))?;
+        match rx.try_recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(self.gpu_err(format!("read-back failed: {e}"))),
+            Err(_) => return Err(self.gpu_err("read-back was never completed")),
+        }
+        self.take_error()?;
+        let skip = (offset - start) as usize;
+        let r = {
+            let view = slice.get_mapped_range().map_err(|e| self.gpu_err(e))?;
+            f(&view[skip..skip + size as usize])
+        };
+        src.unmap();
+        Ok(r)
     }
 
     /// Starts reading `size` bytes at `offset` (both multiples of 4): the
@@ -713,6 +841,10 @@ impl Context {
 
     pub fn coop16(&self) -> bool {
         self.coop16
+    }
+
+    pub fn coop8(&self) -> bool {
+        self.coop8
     }
 
     /// Bytes of workgroup memory a kernel may use.

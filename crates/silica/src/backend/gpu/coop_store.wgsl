@@ -1,20 +1,22 @@
 // coop_store.wgsl — how the cooperative-matrix matmul kernels write an
-// f32 accumulator fragment to dst (the kernel declares `scratch`, 256 f32
-// per subgroup, and `dst`): through the subgroup's scratch, element by
-// element, so that partial tiles and 16-bit outputs are written as by the
-// other matmul kernels.
+// f32 accumulator fragment (FRAG x FRAG, from the fragment file) to dst
+// (the kernel declares `scratch`, FRAG * FRAG f32 per subgroup, and `dst`):
+// through the subgroup's scratch, element by element, so that partial
+// tiles and 16-bit outputs are written as by the other matmul kernels.
 
 // Writes the elements of fragment `acc` (rows r0.., columns c0.. of this
 // batch's dst) at or after row own.x and column own.y, through the subgroup's
 // scratch; every thread of the workgroup calls it.
-fn store_frag(acc: coop_mat16x16<f32, C>, sg: u32, lane: u32, out0: u32, r0: u32, c0: u32, own: vec2<u32>) {
-    let at = sg * 256u;
-    coopStoreT(acc, &scratch[at], 16u);
+fn store_frag(acc: FragC, sg: u32, lane: u32, out0: u32, r0: u32, c0: u32, own: vec2<u32>) {
+    let at = sg * FRAG * FRAG;
+    coopStoreT(acc, &scratch[at], FRAG);
     workgroupBarrier();
-    for (var t = 0u; t < 8u; t += 2u) {
-        let i = lane * 8u + t;
-        let r = r0 + i / 16u;
-        let c = c0 + i % 16u;
+    // each of the 32 lanes writes `per` elements of one row, in pairs
+    let per = FRAG * FRAG / 32u;
+    for (var t = 0u; t < per; t += 2u) {
+        let i = lane * per + t;
+        let r = r0 + i / FRAG;
+        let c = c0 + i % FRAG;
         if r >= own.x && r < p.m {
             let e = out0 + r * p.n + c;
             let v0 = scratch[at + i];

@@ -51,19 +51,19 @@ fn put_a(s: u32, g: u32, v: mat2x4<f16>) {
 }
 
 // The fragment of a at tile row r, k offset ks, of stage s.
-fn frag_a(s: u32, r: u32, ks: u32) -> coop_mat16x16<f16, A> {
+fn frag_a(s: u32, r: u32, ks: u32) -> FragA {
     let at = s + r * PK + ks / 4u;
-    return coopLoadT<coop_mat16x16<f16, A>>(&tile_a[at], PK);
+    return coopLoadT<FragA>(&tile_a[at], PK);
 }
 
 // The fragment of b at tile column c, k offset ks, of stage s.
-fn frag_b(s: u32, c: u32, ks: u32) -> coop_mat16x16<f16, B> {
+fn frag_b(s: u32, c: u32, ks: u32) -> FragB {
     if B_MODE == 1u {
         let at = s + c * PK + ks / 4u;
-        return coopLoad<coop_mat16x16<f16, B>>(&tile_b[at], PK);
+        return coopLoad<FragB>(&tile_b[at], PK);
     }
     let at = s + ks * PN + c / 4u;
-    return coopLoadT<coop_mat16x16<f16, B>>(&tile_b[at], PN);
+    return coopLoadT<FragB>(&tile_b[at], PN);
 }
 
 @compute @workgroup_size(128)
@@ -78,22 +78,22 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let col0 = wid.x * 128u;
     let wr = (sg / 2u) * 64u;
     let wc = (sg % 2u) * 64u;
-    var c0 = coop_mat16x16<f32, C>();
-    var c1 = coop_mat16x16<f32, C>();
-    var c2 = coop_mat16x16<f32, C>();
-    var c3 = coop_mat16x16<f32, C>();
-    var c4 = coop_mat16x16<f32, C>();
-    var c5 = coop_mat16x16<f32, C>();
-    var c6 = coop_mat16x16<f32, C>();
-    var c7 = coop_mat16x16<f32, C>();
-    var c8 = coop_mat16x16<f32, C>();
-    var c9 = coop_mat16x16<f32, C>();
-    var c10 = coop_mat16x16<f32, C>();
-    var c11 = coop_mat16x16<f32, C>();
-    var c12 = coop_mat16x16<f32, C>();
-    var c13 = coop_mat16x16<f32, C>();
-    var c14 = coop_mat16x16<f32, C>();
-    var c15 = coop_mat16x16<f32, C>();
+    var c0 = FragC();
+    var c1 = FragC();
+    var c2 = FragC();
+    var c3 = FragC();
+    var c4 = FragC();
+    var c5 = FragC();
+    var c6 = FragC();
+    var c7 = FragC();
+    var c8 = FragC();
+    var c9 = FragC();
+    var c10 = FragC();
+    var c11 = FragC();
+    var c12 = FragC();
+    var c13 = FragC();
+    var c14 = FragC();
+    var c15 = FragC();
     // stage 0 holds the first step; s is the stage the products read
     var ra0 = fetch_a(a0, row0, 0u, lid);
     var ra1 = fetch_a(a0, row0, 0u, lid + 128u);

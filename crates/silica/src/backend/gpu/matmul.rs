@@ -35,6 +35,24 @@ pub(crate) static MATMUL_COOP: Kernel = Kernel {
     name: "matmul_coop",
     source: concat!(
         "enable f16;\nenable wgpu_cooperative_matrix;\n",
+        include_str!("coop16.wgsl"),
+        include_str!("common.wgsl"),
+        include_str!("matmul_common.wgsl"),
+        include_str!("store4.wgsl"),
+        include_str!("matmul_coop.wgsl"),
+        include_str!("coop_store.wgsl")
+    ),
+    inputs: 2,
+    trusted: true,
+    outputs: 1,
+};
+
+/// matmul_coop.wgsl on the 8x8 fragments of Apple GPUs.
+pub(crate) static MATMUL_COOP8: Kernel = Kernel {
+    name: "matmul_coop8",
+    source: concat!(
+        "enable f16;\nenable wgpu_cooperative_matrix;\n",
+        include_str!("coop8.wgsl"),
         include_str!("common.wgsl"),
         include_str!("matmul_common.wgsl"),
         include_str!("store4.wgsl"),
@@ -50,6 +68,7 @@ pub(crate) static MATMUL_COOP_VEC: Kernel = Kernel {
     name: "matmul_coop_vec",
     source: concat!(
         "enable f16;\nenable wgpu_cooperative_matrix;\n",
+        include_str!("coop16.wgsl"),
         include_str!("common.wgsl"),
         include_str!("matmul_common.wgsl"),
         include_str!("store4.wgsl"),
@@ -109,6 +128,45 @@ fn vec_coop(ctx: &Context, acc: &Access, n: usize, k: usize) -> bool {
         && (acc.b_mode == 1 || (acc.b_mode == 2 && n.is_multiple_of(8)))
         && k.is_multiple_of(8)
         && coop_tiles(ctx)
+}
+
+/// The staged cooperative-matrix kernel (matmul_coop.wgsl) an adapter runs,
+/// and its workgroup tile.
+#[derive(Clone, Copy)]
+struct StagedCoop {
+    kernel: &'static Kernel,
+    /// Subgroups of 32 per workgroup (the SG constant).
+    sg: u32,
+    tm: usize,
+    tn: usize,
+}
+
+/// matmul_coop.wgsl for f16 operands where the adapter has cooperative
+/// matrices: 16x16 fragments in 8 subgroups (128x128 tiles), or Apple's
+/// 8x8 in 4 (64x32, the shape of llama.cpp's Metal kernel). `sg4` asks for
+/// the 16x16 kernel in 4 subgroups (128x64), a test hook that runs the
+/// Apple arrangement of subgroups on the fragments NVIDIA has.
+fn staged_coop(ctx: &Context, dt: DType, sg4: bool) -> Option<StagedCoop> {
+    if dt != DType::F16 {
+        None
+    } else if ctx.coop16() {
+        let sg = if sg4 { 4 } else { 8 };
+        Some(StagedCoop {
+            kernel: &MATMUL_COOP,
+            sg,
+            tm: 128,
+            tn: 16 * sg as usize,
+        })
+    } else if ctx.coop8() {
+        Some(StagedCoop {
+            kernel: &MATMUL_COOP8,
+            sg: 4,
+            tm: 64,
+            tn: 32,
+        })
+    } else {
+        None
+    }
 }
 
 /// Which operand-loading path a launch can take, from the layouts.
@@ -175,26 +233,33 @@ pub(crate) fn matmul(
     let lanes = gemv_lanes(n, k, dt);
     let big_groups = m.div_ceil(128) * n.div_ceil(128) * batches;
     let forced = *ctx.forced_matmul.lock().unwrap_or_else(|e| e.into_inner());
-    let coop = dt == DType::F16 && ctx.coop16();
-    let vec = coop && vec_coop(ctx, &acc, n, k);
+    let staged = staged_coop(ctx, dt, forced == Some("matmul_coop_sg4"));
+    let vec = staged.is_some() && vec_coop(ctx, &acc, n, k);
     let (kernel, grid) = if let Some(name) = forced.filter(|&f| match f {
-        "matmul_coop" => coop,
+        "matmul_coop" | "matmul_coop_sg4" => staged.is_some(),
         "matmul_coop_vec" => vec,
         "gemv" => m <= GEMV_MAX_M,
         _ => true,
     }) {
-        let kernel = [&MATMUL, &MATMUL_BIG, &MATMUL_COOP, &MATMUL_COOP_VEC, &GEMV]
-            .into_iter()
-            .find(|k| k.name == name)
-            .unwrap_or(&MATMUL);
-        let tile = match kernel.name {
-            "matmul" => 64,
-            _ => 128,
-        };
-        if kernel.name == "gemv" {
-            (kernel, [n.div_ceil(256 / lanes), 1, batches])
+        if let (Some(s), true) = (
+            staged,
+            name.starts_with("matmul_coop_sg") || name == "matmul_coop",
+        ) {
+            (s.kernel, [n.div_ceil(s.tn), m.div_ceil(s.tm), batches])
         } else {
-            (kernel, [n.div_ceil(tile), m.div_ceil(tile), batches])
+            let kernel = [&MATMUL, &MATMUL_BIG, &MATMUL_COOP_VEC, &GEMV]
+                .into_iter()
+                .find(|k| k.name == name)
+                .unwrap_or(&MATMUL);
+            let tile = match kernel.name {
+                "matmul" => 64,
+                _ => 128,
+            };
+            if kernel.name == "gemv" {
+                (kernel, [n.div_ceil(256 / lanes), 1, batches])
+            } else {
+                (kernel, [n.div_ceil(tile), m.div_ceil(tile), batches])
+            }
         }
     } else if m <= GEMV_MAX_M {
         (&GEMV, [n.div_ceil(256 / lanes), 1, batches])
@@ -203,8 +268,8 @@ pub(crate) fn matmul(
             &MATMUL_COOP_VEC,
             [n.div_ceil(128), m.div_ceil(128), batches],
         )
-    } else if coop && m >= 64 && n >= 64 {
-        (&MATMUL_COOP, [n.div_ceil(128), m.div_ceil(128), batches])
+    } else if let Some(s) = staged.filter(|_| m >= 64 && n >= 64) {
+        (s.kernel, [n.div_ceil(s.tn), m.div_ceil(s.tm), batches])
     } else if big_groups >= BIG_MIN_GROUPS {
         (&MATMUL_BIG, [n.div_ceil(128), m.div_ceil(128), batches])
     } else {
@@ -240,7 +305,15 @@ pub(crate) fn matmul(
     via_f32(ctx, out_shape, out, out_dtype, |dst, dt| {
         ctx.dispatch(
             kernel,
-            &constants(kernel, a.dtype(), dt, m, &acc, lanes),
+            &constants(
+                kernel,
+                a.dtype(),
+                dt,
+                m,
+                &acc,
+                lanes,
+                staged.map_or(8, |s| s.sg),
+            ),
             &bytes,
             &[buffer(a), buffer(b)],
             dst.raw(),
@@ -258,10 +331,12 @@ fn constants(
     m: usize,
     acc: &Access,
     lanes: usize,
+    sg: u32,
 ) -> Vec<(&'static str, f64)> {
     let mut c = vec![("OUT_DT", out.gpu_code() as f64)];
     let vec = std::ptr::eq(kernel, &MATMUL_COOP_VEC);
-    let coop = std::ptr::eq(kernel, &MATMUL_COOP) || vec;
+    let staged = std::ptr::eq(kernel, &MATMUL_COOP) || std::ptr::eq(kernel, &MATMUL_COOP8);
+    let coop = staged || vec;
     if !coop {
         c.push(("IN_DT", input.gpu_code() as f64));
     }
@@ -271,8 +346,11 @@ fn constants(
         c.push(("VEC", vec as u8 as f64));
         c.push(("LANES", lanes as f64));
     }
-    if std::ptr::eq(kernel, &MATMUL_BIG) || std::ptr::eq(kernel, &MATMUL_COOP) {
+    if std::ptr::eq(kernel, &MATMUL_BIG) || staged {
         c.push(("A_VEC", acc.a_vec as u8 as f64));
+    }
+    if staged {
+        c.push(("SG", sg as f64));
     }
     if std::ptr::eq(kernel, &MATMUL_BIG) || coop {
         c.push(("B_MODE", acc.b_mode as f64));
@@ -296,8 +374,19 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
                     ];
                     out.push((&MATMUL_BIG, v));
                     if dt == 1.0 {
-                        let v = vec![("OUT_DT", o), ("A_VEC", a_vec), ("B_MODE", b_mode)];
-                        out.push((&MATMUL_COOP, v));
+                        for (kernel, sg) in [
+                            (&MATMUL_COOP, 8.0),
+                            (&MATMUL_COOP, 4.0),
+                            (&MATMUL_COOP8, 4.0),
+                        ] {
+                            let v = vec![
+                                ("OUT_DT", o),
+                                ("A_VEC", a_vec),
+                                ("B_MODE", b_mode),
+                                ("SG", sg),
+                            ];
+                            out.push((kernel, v));
+                        }
                         if a_vec == 1.0 && b_mode != 0.0 {
                             let v = vec![("OUT_DT", o), ("B_MODE", b_mode)];
                             out.push((&MATMUL_COOP_VEC, v));

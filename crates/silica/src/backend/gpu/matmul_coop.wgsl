@@ -1,17 +1,22 @@
 // matmul_coop.wgsl — dst[z] = a[z] @ b[z] for f16 operands on cooperative
-// matrices (tensor cores on NVIDIA through Vulkan), f32 accumulation. A
-// workgroup of 8 subgroups of 32 computes a 128x128 tile of dst; subgroup s
-// owns rows (s / 4) * 64 .. +64 and columns (s % 4) * 32 .. +32, that is 4x2
-// fragments of 16x16. Per step of 32 along k, the workgroup stages a
-// (128x32, row-major) and b (32x128: n-major when b is a transposed weight,
-// else k-major) in workgroup memory as f16, then each subgroup loads its
-// fragments from there. Edges are zero-filled, so any M, N, K work. The
-// accumulators go out through a per-subgroup 16x16 f32 scratch, element
-// by element, so partial tiles and 16-bit outputs are written like the
-// other matmul kernels. Params from matmul_common.wgsl; operand loading modes as
-// in matmul_big.wgsl (A_VEC, B_MODE), with 8-half vec4 words.
+// matrices, f32 accumulation, for any layout and size. The fragment file
+// before this one sets the fragment side FRAG: 16 on NVIDIA through Vulkan
+// (tensor cores), 8 on Apple GPUs through Metal (simdgroup matrices).
+//
+// A workgroup of SG subgroups of 32 computes a TM x TN tile of dst, TM =
+// 8 FRAG and TN = SG FRAG (128x128 for FRAG 16 and 8 subgroups, 64x32 for
+// FRAG 8 and 4). Subgroup s owns rows (s / (SG / 2)) * 4 FRAG .. +4 FRAG
+// and columns (s % (SG / 2)) * 2 FRAG .. +2 FRAG: 4x2 fragments. Per step
+// of 32 along k, the workgroup stages a (TM x 32, row-major) and b (32 x
+// TN: n-major when b is a transposed weight, else k-major) in workgroup
+// memory as f16, then each subgroup loads its fragments from there. The
+// tiles are arrays of f16, which both SPIR-V and MSL load fragments from
+// with a stride in halves. Edges are zero-filled, so any M, N, K work.
+// The accumulators go out through coop_store.wgsl. Params from
+// matmul_common.wgsl; operand loading modes as in matmul_big.wgsl (A_VEC,
+// B_MODE), with 8-half vec4 words.
 // The launcher picks it only on adapters whose subgroups are exactly 32
-// wide and that offer 16x16x16 f16 -> f32 cooperative matrices.
+// wide and that offer FRAG x FRAG f16 -> f32 cooperative matrices.
 
 @group(0) @binding(1) var<storage, read> src_a: array<vec4<u32>>;
 @group(0) @binding(2) var<storage, read> src_b: array<vec4<u32>>;
@@ -20,17 +25,20 @@
 override OUT_DT: u32 = 0u;
 override A_VEC: bool = false;
 override B_MODE: u32 = 0u;
+// Subgroups per workgroup: 8, or 4 (the tile then has half the columns).
+override SG: u32 = 8u;
 
-const TILE: u32 = 128u;
+const TM: u32 = 8u * FRAG;
 const TK: u32 = 32u;
-// Row pitch (in halves) of the [128][32] tiles, padded against bank conflicts.
+// Row pitch (in halves) of the [TM][32] and [TN][32] tiles, padded against
+// bank conflicts.
 const LDK: u32 = 40u;
-// Row pitch of the k-major [32][128] b tile.
-const LDN: u32 = 136u;
+// Row pitch of the k-major [32][TN] b tile, sized for 8 subgroups.
+const LDN: u32 = 8u * FRAG + 8u;
 
-var<workgroup> tile_a: array<f16, 5120>; // [TILE][LDK]
-var<workgroup> tile_b: array<f16, 5120>; // [TILE][LDK] or [TK][LDN]
-var<workgroup> scratch: array<f32, 2048>; // [8 subgroups][16 * 16]
+var<workgroup> tile_a: array<f16, TM * LDK>;
+var<workgroup> tile_b: array<f16, max(TM * LDK, TK * LDN)>;
+var<workgroup> scratch: array<f32, 8u * FRAG * FRAG>; // [SG][FRAG * FRAG]
 
 fn elem_a(e: u32) -> f16 {
     let w = e >> 1u;
@@ -74,9 +82,10 @@ fn put8_b(i: u32, q: vec4<u32>) {
 }
 
 fn load_a(a0: u32, row0: u32, kt: u32, lid: u32) {
+    let threads = SG * 32u;
     if A_VEC {
-        for (var i = 0u; i < 2u; i++) {
-            let g = lid + i * 256u;
+        // TM rows of 4 runs of 8
+        for (var g = lid; g < TM * 4u; g += threads) {
             let r = g >> 2u;
             let kq = (g & 3u) * 8u;
             let gr = row0 + r;
@@ -96,8 +105,7 @@ fn load_a(a0: u32, row0: u32, kt: u32, lid: u32) {
             }
         }
     } else {
-        for (var i = 0u; i < 16u; i++) {
-            let idx = lid + i * 256u;
+        for (var idx = lid; idx < TM * TK; idx += threads) {
             let r = idx / TK;
             let k = idx % TK;
             var v = f16(0.0);
@@ -110,10 +118,11 @@ fn load_a(a0: u32, row0: u32, kt: u32, lid: u32) {
 }
 
 fn load_b(b0: u32, col0: u32, kt: u32, lid: u32) {
+    let threads = SG * 32u;
+    let tn = SG * FRAG;
     if B_MODE == 1u {
-        // n-major [TILE][LDK]: each column's k run is contiguous
-        for (var i = 0u; i < 2u; i++) {
-            let g = lid + i * 256u;
+        // n-major [TN][LDK]: each column's k run is contiguous
+        for (var g = lid; g < tn * 4u; g += threads) {
             let c = g >> 2u;
             let kq = (g & 3u) * 8u;
             let gc = col0 + c;
@@ -133,11 +142,11 @@ fn load_b(b0: u32, col0: u32, kt: u32, lid: u32) {
             }
         }
     } else if B_MODE == 2u {
-        // k-major [TK][LDN]
-        for (var i = 0u; i < 2u; i++) {
-            let g = lid + i * 256u;
-            let k = g / 16u;
-            let cq = (g % 16u) * 8u;
+        // k-major [TK][LDN]: TK rows of tn / 8 runs
+        let runs = tn / 8u;
+        for (var g = lid; g < TK * runs; g += threads) {
+            let k = g / runs;
+            let cq = (g % runs) * 8u;
             let gk = kt + k;
             let gc = col0 + cq;
             let e = b0 + gk * p.sb_k + gc;
@@ -156,10 +165,9 @@ fn load_b(b0: u32, col0: u32, kt: u32, lid: u32) {
         }
     } else {
         // any strides, k-major [TK][LDN]
-        for (var i = 0u; i < 16u; i++) {
-            let idx = lid + i * 256u;
-            let k = idx / TILE;
-            let c = idx % TILE;
+        for (var idx = lid; idx < TK * tn; idx += threads) {
+            let k = idx / tn;
+            let c = idx % tn;
             var v = f16(0.0);
             if kt + k < p.k && col0 + c < p.n {
                 v = elem_b(b0 + (kt + k) * p.sb_k + (col0 + c) * p.sb_n);
@@ -169,57 +177,57 @@ fn load_b(b0: u32, col0: u32, kt: u32, lid: u32) {
     }
 }
 
-fn load_frag_b(c: u32, ks: u32) -> coop_mat16x16<f16, B> {
+fn load_frag_b(c: u32, ks: u32) -> FragB {
     if B_MODE == 1u {
         // column-major: element (k, n) at n * LDK + k
         let at = c * LDK + ks;
-        return coopLoad<coop_mat16x16<f16, B>>(&tile_b[at], LDK);
+        return coopLoad<FragB>(&tile_b[at], LDK);
     }
     let at = ks * LDN + c;
-    return coopLoadT<coop_mat16x16<f16, B>>(&tile_b[at], LDN);
+    return coopLoadT<FragB>(&tile_b[at], LDN);
 }
 
-fn load_frag_a(r: u32, ks: u32) -> coop_mat16x16<f16, A> {
+fn load_frag_a(r: u32, ks: u32) -> FragA {
     let at = r * LDK + ks;
-    return coopLoadT<coop_mat16x16<f16, A>>(&tile_a[at], LDK);
+    return coopLoadT<FragA>(&tile_a[at], LDK);
 }
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(SG * 32u)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let z = wid.z;
     let a0 = p.off_a + strided_offset(z, p.batch_rank, p.batch_shape, p.batch_strides_a);
     let b0 = p.off_b + strided_offset(z, p.batch_rank, p.batch_shape, p.batch_strides_b);
-    let row0 = wid.y * TILE;
-    let col0 = wid.x * TILE;
+    let row0 = wid.y * TM;
+    let col0 = wid.x * SG * FRAG;
     let sg = lid / 32u;
     let lane = lid % 32u;
-    let wr = (sg / 4u) * 64u;
-    let wc = (sg % 4u) * 32u;
-    var c00 = coop_mat16x16<f32, C>();
-    var c01 = coop_mat16x16<f32, C>();
-    var c10 = coop_mat16x16<f32, C>();
-    var c11 = coop_mat16x16<f32, C>();
-    var c20 = coop_mat16x16<f32, C>();
-    var c21 = coop_mat16x16<f32, C>();
-    var c30 = coop_mat16x16<f32, C>();
-    var c31 = coop_mat16x16<f32, C>();
+    let wr = (sg / (SG / 2u)) * 4u * FRAG;
+    let wc = (sg % (SG / 2u)) * 2u * FRAG;
+    var c00 = FragC();
+    var c01 = FragC();
+    var c10 = FragC();
+    var c11 = FragC();
+    var c20 = FragC();
+    var c21 = FragC();
+    var c30 = FragC();
+    var c31 = FragC();
     for (var kt = 0u; kt < p.k; kt += TK) {
         load_a(a0, row0, kt, lid);
         load_b(b0, col0, kt, lid);
         workgroupBarrier();
-        for (var ks = 0u; ks < TK; ks += 16u) {
+        for (var ks = 0u; ks < TK; ks += FRAG) {
             let b0f = load_frag_b(wc, ks);
-            let b1f = load_frag_b(wc + 16u, ks);
+            let b1f = load_frag_b(wc + FRAG, ks);
             let a0f = load_frag_a(wr, ks);
             c00 = coopMultiplyAdd(a0f, b0f, c00);
             c01 = coopMultiplyAdd(a0f, b1f, c01);
-            let a1f = load_frag_a(wr + 16u, ks);
+            let a1f = load_frag_a(wr + FRAG, ks);
             c10 = coopMultiplyAdd(a1f, b0f, c10);
             c11 = coopMultiplyAdd(a1f, b1f, c11);
-            let a2f = load_frag_a(wr + 32u, ks);
+            let a2f = load_frag_a(wr + 2u * FRAG, ks);
             c20 = coopMultiplyAdd(a2f, b0f, c20);
             c21 = coopMultiplyAdd(a2f, b1f, c21);
-            let a3f = load_frag_a(wr + 48u, ks);
+            let a3f = load_frag_a(wr + 3u * FRAG, ks);
             c30 = coopMultiplyAdd(a3f, b0f, c30);
             c31 = coopMultiplyAdd(a3f, b1f, c31);
         }
@@ -228,12 +236,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let out0 = z * p.m * p.n;
     let r = row0 + wr;
     let c = col0 + wc;
-    store_frag(c00, sg, lane, out0, r, c, vec2<u32>(0u));
-    store_frag(c01, sg, lane, out0, r, c + 16u, vec2<u32>(0u));
-    store_frag(c10, sg, lane, out0, r + 16u, c, vec2<u32>(0u));
-    store_frag(c11, sg, lane, out0, r + 16u, c + 16u, vec2<u32>(0u));
-    store_frag(c20, sg, lane, out0, r + 32u, c, vec2<u32>(0u));
-    store_frag(c21, sg, lane, out0, r + 32u, c + 16u, vec2<u32>(0u));
-    store_frag(c30, sg, lane, out0, r + 48u, c, vec2<u32>(0u));
-    store_frag(c31, sg, lane, out0, r + 48u, c + 16u, vec2<u32>(0u));
+    let own = vec2<u32>(0u);
+    store_frag(c00, sg, lane, out0, r, c, own);
+    store_frag(c01, sg, lane, out0, r, c + FRAG, own);
+    store_frag(c10, sg, lane, out0, r + FRAG, c, own);
+    store_frag(c11, sg, lane, out0, r + FRAG, c + FRAG, own);
+    store_frag(c20, sg, lane, out0, r + 2u * FRAG, c, own);
+    store_frag(c21, sg, lane, out0, r + 2u * FRAG, c + FRAG, own);
+    store_frag(c30, sg, lane, out0, r + 3u * FRAG, c, own);
+    store_frag(c31, sg, lane, out0, r + 3u * FRAG, c + FRAG, own);
 }

@@ -81,6 +81,13 @@ impl GpuDevice {
         &self.info
     }
 
+    /// Whether tensor buffers are mapped by the host for uploads and
+    /// read-backs, with no staging copy: on unified-memory adapters
+    /// (integrated and software GPUs) unless `SILICA_NO_MAPPED=1`.
+    pub fn maps_buffers(&self) -> bool {
+        self.ctx.pool.mappable()
+    }
+
     pub(crate) fn memory(&self) -> &Arc<MemoryPool> {
         &self.ctx.pool
     }
@@ -216,11 +223,13 @@ impl GpuDevice {
     }
 
     /// Test hook: run every matmul with the kernel named `name` (`matmul`,
-    /// `matmul_big`, `matmul_coop`, `matmul_coop_vec`, `gemv`) whatever its
-    /// shape, so that the parity suite covers each on small inputs; `None`
-    /// restores the choice by shape. `matmul_coop` applies only where the
-    /// adapter runs it and to f16 operands; `matmul_coop_vec` also only to
-    /// the layouts it reads 8 halves at a time.
+    /// `matmul_big`, `matmul_coop`, `matmul_coop_sg4`, `matmul_coop_vec`,
+    /// `gemv`) whatever its shape, so that the parity suite covers each on
+    /// small inputs; `None` restores the choice by shape. `matmul_coop`
+    /// applies only where the adapter has cooperative matrices and to f16
+    /// operands; `matmul_coop_sg4` is the same kernel with the 4 subgroups
+    /// of its Apple form, on 16x16 fragments; `matmul_coop_vec` also only
+    /// to the layouts it reads 8 halves at a time.
     #[doc(hidden)]
     pub fn force_matmul_kernel_for_testing(&self, name: Option<&'static str>) {
         *self
@@ -428,21 +437,14 @@ impl GpuDevice {
     /// Copies host elements into a new device buffer.
     pub(crate) fn upload(&self, data: &CpuStorage) -> Result<GpuBuffer> {
         self.ctx.check_alive()?;
-        let buf = self.ctx.pool.alloc(data.as_bytes().len() as u64)?;
-        self.ctx.write(&buf, data.as_bytes())?;
-        Ok(buf)
+        self.ctx.upload(data.as_bytes())
     }
 
     /// Copies raw bytes (quantized blocks) into a new device buffer, zero
     /// padded to whole words.
     pub(crate) fn upload_bytes(&self, bytes: &[u8]) -> Result<GpuBuffer> {
         self.ctx.check_alive()?;
-        let buf = self
-            .ctx
-            .pool
-            .alloc(bytes.len().next_multiple_of(4) as u64)?;
-        self.ctx.write(&buf, bytes)?;
-        Ok(buf)
+        self.ctx.upload(bytes)
     }
 
     /// A buffer of `bytes` zero bytes.
@@ -461,6 +463,20 @@ impl GpuDevice {
         n: usize,
         dtype: DType,
     ) -> Result<CpuStorage> {
+        let es = dtype.size_in_bytes() as u64;
+        if n > 0 && self.ctx.pool.mappable() {
+            // unified memory: the elements come straight from the buffer's
+            // mapping
+            let start = offset as u64 * es;
+            let aligned = start & !3;
+            let skip = (start - aligned) as usize;
+            let len = n * es as usize;
+            return self
+                .ctx
+                .read_mapped(buf.raw(), aligned, (skip + len) as u64, |bytes| {
+                    CpuStorage::from_bytes(dtype, &bytes[skip..skip + len])
+                });
+        }
         let pending = self.download_start(buf, offset, n, dtype)?;
         self.download_finish(pending)
     }

@@ -43,6 +43,7 @@ pub(crate) static QMATMUL_COOP: Kernel = Kernel {
     name: "qmatmul_coop",
     source: concat!(
         "enable f16;\nenable wgpu_cooperative_matrix;\n",
+        include_str!("coop16.wgsl"),
         include_str!("common.wgsl"),
         include_str!("qmatmul_common.wgsl"),
         include_str!("quant_blocks.wgsl"),

@@ -69,6 +69,27 @@ fn every_kernel_translates_to_msl_and_spirv() {
             let (msl_src, _) = msl::write_string(&m, &i, &msl_options, &msl_pipeline)
                 .unwrap_or_else(|e| panic!("{what}: MSL: {e}"));
             assert!(msl_src.contains("kernel void"), "{what}: no MSL kernel");
+            if kernel.name == "matmul_coop8" {
+                // Metal's one shape of simdgroup matrix, with half operands
+                // loaded through pointers to halves
+                for needle in [
+                    "simdgroup_half8x8",
+                    "simdgroup_float8x8",
+                    "NagaCooperativeLoad(const threadgroup half* ptr",
+                    "simdgroup_multiply_accumulate",
+                ] {
+                    assert!(msl_src.contains(needle), "{what}: no {needle} in the MSL");
+                }
+                assert!(
+                    !msl_src.contains("16x16"),
+                    "{what}: 16x16 matrices in the MSL"
+                );
+            }
+            // SILICA_DUMP_MSL=DIR keeps each kernel's MSL (its last
+            // specialization) for reading
+            if let Ok(dir) = std::env::var("SILICA_DUMP_MSL") {
+                std::fs::write(format!("{dir}/{}.metal", kernel.name), &msl_src).unwrap();
+            }
             let spv_pipeline = spv::PipelineOptions {
                 shader_stage: naga::ShaderStage::Compute,
                 entry_point: "main".into(),
