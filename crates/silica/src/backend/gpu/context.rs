@@ -70,15 +70,45 @@ const UNIFORM_PARAMS: &str = "@group(0) @binding(0) var<uniform> p:";
 /// parameters are read from immediate data (push constants) instead of a
 /// uniform buffer, so that recording a dispatch writes them into the
 /// command stream and the bind group holds only the tensors' buffers.
-pub(crate) fn kernel_source(kernel: &Kernel, immediates: bool) -> std::borrow::Cow<'static, str> {
+///
+/// With `subgroups`, kernels that reduce rows through rows.wgsl's tree in
+/// workgroup memory take rows_sg.wgsl's subgroup reductions instead.
+pub(crate) fn kernel_source(
+    kernel: &Kernel,
+    immediates: bool,
+    subgroups: bool,
+) -> std::borrow::Cow<'static, str> {
+    let mut source = std::borrow::Cow::Borrowed(kernel.source);
     if immediates {
-        kernel
-            .source
+        source = source
             .replacen(UNIFORM_PARAMS, "var<immediate> p:", 1)
-            .into()
-    } else {
-        kernel.source.into()
+            .into();
     }
+    if subgroups && source.contains(ROWS_TREE) {
+        source = source.replacen(ROWS_TREE, ROWS_SUBGROUP, 1).into();
+    }
+    source
+}
+
+/// The row reductions through workgroup memory, and their subgroup form.
+const ROWS_TREE: &str = include_str!("rows.wgsl");
+const ROWS_SUBGROUP: &str = include_str!("rows_sg.wgsl");
+
+/// Whether the kernels reducing rows use subgroup operations (rows_sg.wgsl):
+/// the adapter has them and its subgroups all have one width of 4 or more
+/// (Metal reports 4..64 whatever the GPU: Apple GPUs, 32 wide, are told by
+/// name). `SILICA_NO_SUBGROUPS=1` keeps the workgroup trees.
+fn subgroup_rows(adapter: &wgpu::Adapter) -> bool {
+    if std::env::var("SILICA_NO_SUBGROUPS").is_ok_and(|v| v == "1") {
+        return false;
+    }
+    let info = adapter.get_info();
+    let fixed = if info.backend == wgpu::Backend::Metal {
+        info.name.starts_with("Apple")
+    } else {
+        info.subgroup_min_size == info.subgroup_max_size && info.subgroup_min_size >= 4
+    };
+    adapter.features().contains(wgpu::Features::SUBGROUP) && fixed
 }
 
 /// Bytes of one kernel's parameter slot in a slab (the largest uniform
@@ -152,6 +182,8 @@ pub(crate) struct Context {
     /// 16x16x16 f16 cooperative matrices with f32 accumulation, subgroups
     /// of exactly 32: the kernels on coop16.wgsl can run.
     coop16: bool,
+    /// Row reductions through subgroup operations (see `subgroup_rows`).
+    subgroup_rows: bool,
     /// 8x8x8 f16 cooperative matrices with f32 accumulation on an Apple GPU
     /// (simdgroups of 32): matmul_coop.wgsl on coop8.wgsl can run.
     coop8: bool,
@@ -263,6 +295,7 @@ impl Context {
             wanted |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
         }
         let mappable = unified_memory(adapter);
+        let subgroup_rows = subgroup_rows(adapter);
         if mappable {
             wanted |= wgpu::Features::MAPPABLE_PRIMARY_BUFFERS;
         }
@@ -336,6 +369,7 @@ impl Context {
             name: info.name.clone(),
             coop16,
             coop8,
+            subgroup_rows,
             forced_matmul: Mutex::new(None),
             max_groups: limits.max_compute_workgroups_per_dimension,
             workgroup_memory: limits.max_compute_workgroup_storage_size,
@@ -931,7 +965,11 @@ impl Context {
             .or_insert_with(|| {
                 let desc = wgpu::ShaderModuleDescriptor {
                     label: Some(kernel.name),
-                    source: wgpu::ShaderSource::Wgsl(kernel_source(kernel, immediates)),
+                    source: wgpu::ShaderSource::Wgsl(kernel_source(
+                        kernel,
+                        immediates,
+                        self.subgroup_rows,
+                    )),
                 };
                 if kernel.trusted {
                     // SAFETY: `trusted` kernels guard every access themselves

@@ -25,20 +25,26 @@ fn every_kernel_translates_to_msl_and_spirv() {
     for (kernel, constants) in all() {
         // each module once more with its parameters in immediate data
         // (the form used where the adapter has room for them), translated
-        // with the constants of its first specialization
-        let variants: &[bool] = if parsed.contains_key(&(kernel.name, false)) {
-            &[false]
-        } else {
-            &[false, true]
-        };
-        for &immediates in variants {
-            let (module, info) = parsed.entry((kernel.name, immediates)).or_insert_with(|| {
-                let source = kernel_source(kernel, immediates);
+        // with the constants of its first specialization; the kernels that
+        // reduce rows also in their subgroup form, with every constant set
+        let subgroup_form = kernel_source(kernel, false, true) != kernel.source;
+        let mut variants = vec![(false, false)];
+        if !parsed.contains_key(&(kernel.name, false, false)) {
+            variants.push((true, false));
+        }
+        if subgroup_form {
+            variants.push((false, true));
+        }
+        for (immediates, subgroups) in variants {
+            let key = (kernel.name, immediates, subgroups);
+            let (module, info) = parsed.entry(key).or_insert_with(|| {
+                let source = kernel_source(kernel, immediates, subgroups);
                 assert!(
                     !immediates || source.contains("var<immediate> p:"),
                     "{}: no parameter block to move to immediates",
                     kernel.name
                 );
+                assert!(!subgroups || source.contains("subgroupAdd"));
                 let module = naga::front::wgsl::parse_str(&source)
                     .unwrap_or_else(|e| panic!("{}: {}", kernel.name, e.emit_to_string(&source)));
                 let info = Validator::new(ValidationFlags::all(), Capabilities::all())
@@ -50,7 +56,10 @@ fn every_kernel_translates_to_msl_and_spirv() {
             for (k, v) in &constants {
                 pc.insert(k.to_string(), *v);
             }
-            let what = format!("{} {constants:?} immediates: {immediates}", kernel.name);
+            let what = format!(
+                "{} {constants:?} immediates: {immediates} subgroups: {subgroups}",
+                kernel.name
+            );
             let (m, i) = naga::back::pipeline_constants::process_overrides(
                 module,
                 info,
