@@ -558,6 +558,11 @@ pub fn run(args: &BenchArgs) -> Result<(), CliError> {
     let dtype = crate::generate::parse_dtype(&args.dtype)?;
     let dev = crate::open_device(args.device.as_deref())?;
     let cpu = matches!(dev, Device::Cpu);
+    // SILICA_BENCH_MATMUL=<kernel> (for kernel work): every matmul on the
+    // GPU through that kernel, where it applies (see the test hook)
+    if let (Device::Gpu(g), Ok(name)) = (&dev, std::env::var("SILICA_BENCH_MATMUL")) {
+        g.force_matmul_kernel_for_testing(Some(name.leak()));
+    }
     if !args.json {
         emit(&format!(
             "silica bench on {dev} ({dtype}); time per call: {}\n\n{:<48} {:>11} {:>11} {:>10} {:>10}\n",

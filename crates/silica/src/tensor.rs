@@ -127,6 +127,16 @@ impl Tensor {
                 got: data.len(),
             });
         }
+        if let Device::Gpu(g) = device {
+            // straight from the slice, with no host copy first
+            let buf = g.upload_bytes(bytemuck::cast_slice(data))?;
+            return Ok(Tensor::from_parts(
+                Storage::Gpu(buf),
+                shape,
+                T::DTYPE,
+                device.clone(),
+            ));
+        }
         Tensor::from_cpu(CpuStorage::from_slice(data), shape, device)
     }
 

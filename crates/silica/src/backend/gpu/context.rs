@@ -664,10 +664,12 @@ impl Context {
             return Ok(());
         }
         let padded = (data.len() as u64).next_multiple_of(4);
+        // mappable, so that wgpu maps it as it is: a buffer that cannot be
+        // mapped gets a staging buffer of its own inside wgpu, and a copy
         let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("silica upload"),
             size: padded,
-            usage: wgpu::BufferUsages::COPY_SRC,
+            usage: wgpu::BufferUsages::MAP_WRITE | wgpu::BufferUsages::COPY_SRC,
             mapped_at_creation: true,
         });
         {
@@ -829,6 +831,16 @@ impl Context {
     /// Waits for a read started by [`Context::read_start`] (only for the
     /// submission that holds its copy) and returns the bytes.
     pub fn read_finish(&self, pending: PendingBytes) -> Result<Vec<u8>> {
+        self.read_finish_with(pending, <[u8]>::to_vec)
+    }
+
+    /// [`Context::read_finish`] passing the bytes to `f` straight from the
+    /// staging buffer's mapping.
+    pub fn read_finish_with<R>(
+        &self,
+        pending: PendingBytes,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R> {
         let PendingBytes { staging, rx, index } = pending;
         self.device
             .poll(wgpu::PollType::Wait {
@@ -842,13 +854,15 @@ impl Context {
             Err(_) => return Err(self.gpu_err("read-back was never completed")),
         }
         self.take_error()?;
-        let bytes = staging
-            .slice(..)
-            .get_mapped_range()
-            .map_err(|e| self.gpu_err(e))?
-            .to_vec();
+        let r = {
+            let view = staging
+                .slice(..)
+                .get_mapped_range()
+                .map_err(|e| self.gpu_err(e))?;
+            f(&view)
+        };
         staging.unmap();
-        Ok(bytes)
+        Ok(r)
     }
 
     /// Workgroup counts for `groups` workgroups, split over x and y when

@@ -518,10 +518,9 @@ impl GpuDevice {
         let Some(bytes) = pending.bytes else {
             return Ok(CpuStorage::from_bytes(pending.dtype, &[]));
         };
-        let bytes = self.ctx.read_finish(bytes)?;
-        Ok(CpuStorage::from_bytes(
-            pending.dtype,
-            &bytes[pending.skip..pending.skip + pending.len],
-        ))
+        let (skip, len, dtype) = (pending.skip, pending.len, pending.dtype);
+        self.ctx.read_finish_with(bytes, |b| {
+            CpuStorage::from_bytes(dtype, &b[skip..skip + len])
+        })
     }
 }
