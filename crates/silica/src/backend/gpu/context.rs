@@ -974,6 +974,7 @@ impl Context {
             return Ok(p.clone());
         }
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let started = std::time::Instant::now();
         let module = lock(&self.modules)
             .entry((kernel.name, immediates))
             .or_insert_with(|| {
@@ -1000,6 +1001,7 @@ impl Context {
                 }
             })
             .clone();
+        let module_time = started.elapsed();
         let (_, layout) = self.layout(kernel, immediates);
         let pipeline = self
             .device
@@ -1017,6 +1019,13 @@ impl Context {
         if let Some(e) = pollster::block_on(scope.pop()) {
             return Err(self.gpu_err(format!("kernel {} failed to build: {e}", kernel.name)));
         }
+        tracing::debug!(
+            target: "silica::pipelines",
+            kernel = kernel.name,
+            module_ms = module_time.as_secs_f64() * 1e3,
+            total_ms = started.elapsed().as_secs_f64() * 1e3,
+            "built a pipeline (module: WGSL parsed and validated, or found; the rest: translation and the driver)"
+        );
         lock(&self.pipelines).insert(key, pipeline.clone());
         Ok(pipeline)
     }
