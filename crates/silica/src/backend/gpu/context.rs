@@ -39,6 +39,11 @@ pub(crate) struct Kernel {
     /// own size checks (each index below the sizes it was given, the views
     /// inside their buffers) and whose loops all end.
     pub trusted: bool,
+    /// The parameters may travel as immediates where they fit. The tiled
+    /// matmul kernels read theirs from the uniform buffer: on an H100 the
+    /// f32 kernel ran 18% slower (4096³: 5.05 against 4.27 ms) and the f16
+    /// ones 3% slower with immediates, while small kernels gain from them.
+    pub immediates: bool,
 }
 
 /// Uploads from which unified memory writes new buffers in place: smaller
@@ -1120,7 +1125,7 @@ impl Context {
         debug_assert_eq!(inputs.len(), kernel.inputs);
         debug_assert_eq!(outputs.len(), kernel.outputs);
         self.check_alive()?;
-        let immediates = params.len() as u32 <= self.immediate_bytes;
+        let immediates = kernel.immediates && params.len() as u32 <= self.immediate_bytes;
         let pipeline = self.pipeline(kernel, constants, immediates)?;
         let (bgl, _) = self.layout(kernel, immediates);
         let mut guard = lock(&self.pending);

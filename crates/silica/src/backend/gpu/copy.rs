@@ -16,6 +16,7 @@ pub(crate) static COPY: Kernel = Kernel {
     inputs: 1,
     trusted: false,
     outputs: 1,
+    immediates: true,
 };
 pub(crate) static COPY_VEC: Kernel = Kernel {
     name: "copy_vec",
@@ -23,6 +24,7 @@ pub(crate) static COPY_VEC: Kernel = Kernel {
     inputs: 1,
     trusted: false,
     outputs: 1,
+    immediates: true,
 };
 pub(crate) static CAT: Kernel = Kernel {
     name: "cat",
@@ -34,6 +36,7 @@ pub(crate) static CAT: Kernel = Kernel {
     inputs: 1,
     trusted: false,
     outputs: 1,
+    immediates: true,
 };
 pub(crate) static INDEX_SELECT: Kernel = Kernel {
     name: "index_select",
@@ -45,6 +48,7 @@ pub(crate) static INDEX_SELECT: Kernel = Kernel {
     inputs: 2,
     trusted: false,
     outputs: 1,
+    immediates: true,
 };
 
 fn elem_bytes(d: DType) -> f64 {

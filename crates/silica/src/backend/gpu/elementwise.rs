@@ -16,6 +16,7 @@ pub(crate) static UNARY: Kernel = Kernel {
     inputs: 1,
     trusted: false,
     outputs: 1,
+    immediates: true,
 };
 pub(crate) static BINARY: Kernel = Kernel {
     name: "binary",
@@ -28,6 +29,7 @@ pub(crate) static BINARY: Kernel = Kernel {
     inputs: 2,
     trusted: false,
     outputs: 1,
+    immediates: true,
 };
 pub(crate) static BINARY_VEC: Kernel = Kernel {
     name: "binary_vec",
@@ -39,6 +41,7 @@ pub(crate) static BINARY_VEC: Kernel = Kernel {
     inputs: 2,
     trusted: false,
     outputs: 1,
+    immediates: true,
 };
 pub(crate) static WHERE: Kernel = Kernel {
     name: "where",
@@ -46,6 +49,7 @@ pub(crate) static WHERE: Kernel = Kernel {
     inputs: 3,
     trusted: false,
     outputs: 1,
+    immediates: true,
 };
 
 /// `OP` of the unary kernel for a dtype conversion.

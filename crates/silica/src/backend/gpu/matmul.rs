@@ -16,6 +16,7 @@ pub(crate) static MATMUL: Kernel = Kernel {
     inputs: 2,
     trusted: false,
     outputs: 1,
+    immediates: false,
 };
 
 pub(crate) static MATMUL_BIG: Kernel = Kernel {
@@ -29,6 +30,7 @@ pub(crate) static MATMUL_BIG: Kernel = Kernel {
     inputs: 2,
     trusted: true,
     outputs: 1,
+    immediates: false,
 };
 
 pub(crate) static MATMUL_COOP: Kernel = Kernel {
@@ -45,6 +47,7 @@ pub(crate) static MATMUL_COOP: Kernel = Kernel {
     inputs: 2,
     trusted: true,
     outputs: 1,
+    immediates: false,
 };
 
 /// matmul_coop.wgsl on the 8x8 fragments of Apple GPUs.
@@ -62,6 +65,7 @@ pub(crate) static MATMUL_COOP8: Kernel = Kernel {
     inputs: 2,
     trusted: true,
     outputs: 1,
+    immediates: false,
 };
 
 pub(crate) static MATMUL_COOP_VEC: Kernel = Kernel {
@@ -79,6 +83,7 @@ pub(crate) static MATMUL_COOP_VEC: Kernel = Kernel {
     inputs: 2,
     trusted: true,
     outputs: 1,
+    immediates: false,
 };
 
 pub(crate) static GEMV: Kernel = Kernel {
@@ -92,6 +97,7 @@ pub(crate) static GEMV: Kernel = Kernel {
     inputs: 2,
     trusted: true,
     outputs: 1,
+    immediates: true,
 };
 
 /// Rows of `a` up to which the GEMV kernel is used.

@@ -18,6 +18,7 @@ pub(crate) static NORM: Kernel = Kernel {
     inputs: 3,
     trusted: false,
     outputs: 1,
+    immediates: true,
 };
 pub(crate) static ROPE: Kernel = Kernel {
     name: "rope",
@@ -29,6 +30,7 @@ pub(crate) static ROPE: Kernel = Kernel {
     inputs: 3,
     trusted: false,
     outputs: 1,
+    immediates: true,
 };
 /// Attention, one query row per workgroup: the fallback for head sizes
 /// over [`TILED_MAX_D`] and for devices with little workgroup memory.
@@ -44,6 +46,7 @@ pub(crate) static ATTENTION: Kernel = Kernel {
     inputs: 4,
     trusted: false,
     outputs: 1,
+    immediates: true,
 };
 /// Flash attention (many queries) with key tiles of 32: 48 KiB of
 /// workgroup memory.
@@ -60,6 +63,7 @@ pub(crate) static FLASH_ATTENTION_32: Kernel = Kernel {
     inputs: 4,
     trusted: true,
     outputs: 1,
+    immediates: true,
 };
 /// Flash attention with key tiles of 16: 32 KiB of workgroup memory.
 pub(crate) static FLASH_ATTENTION_16: Kernel = Kernel {
@@ -75,6 +79,7 @@ pub(crate) static FLASH_ATTENTION_16: Kernel = Kernel {
     inputs: 4,
     trusted: true,
     outputs: 1,
+    immediates: true,
 };
 /// Flash attention of f16 q, k, v on cooperative matrices (blocks of 64
 /// queries, key tiles of 64), where [`coop_flash`] allows it.
@@ -89,6 +94,7 @@ pub(crate) static FLASH_COOP: Kernel = Kernel {
     inputs: 4,
     trusted: true,
     outputs: 1,
+    immediates: true,
 };
 /// Split-K attention for few queries: partial results per chunk of keys.
 pub(crate) static DECODE_ATTENTION: Kernel = Kernel {
@@ -104,6 +110,7 @@ pub(crate) static DECODE_ATTENTION: Kernel = Kernel {
     inputs: 4,
     trusted: true,
     outputs: 1,
+    immediates: true,
 };
 /// [`DECODE_ATTENTION`] for one decode step over a KV cache: the rotary
 /// embedding of the new queries and key and the cache update in the same
@@ -120,6 +127,7 @@ pub(crate) static ATTENTION_STEP: Kernel = Kernel {
     ),
     inputs: 3,
     outputs: 2,
+    immediates: true,
     trusted: true,
 };
 /// Merges the chunks of [`DECODE_ATTENTION`].
@@ -132,6 +140,7 @@ pub(crate) static ATTENTION_COMBINE: Kernel = Kernel {
     inputs: 1,
     trusted: false,
     outputs: 1,
+    immediates: true,
 };
 
 /// Largest head size of the tiled (flash and decode) kernels.

@@ -29,6 +29,7 @@ pub(crate) static QGEMV: Kernel = Kernel {
     inputs: 4,
     trusted: true,
     outputs: 1,
+    immediates: true,
 };
 
 pub(crate) static QMATMUL: Kernel = Kernel {
@@ -37,6 +38,7 @@ pub(crate) static QMATMUL: Kernel = Kernel {
     inputs: 2,
     trusted: true,
     outputs: 1,
+    immediates: true,
 };
 
 pub(crate) static QMATMUL_COOP: Kernel = Kernel {
@@ -54,6 +56,7 @@ pub(crate) static QMATMUL_COOP: Kernel = Kernel {
     inputs: 2,
     trusted: true,
     outputs: 1,
+    immediates: true,
 };
 
 /// Rows of f16 x from which the cooperative-matrix kernel takes the product
@@ -71,6 +74,7 @@ pub(crate) static QROWS: Kernel = Kernel {
     inputs: 2,
     trusted: false,
     outputs: 1,
+    immediates: true,
 };
 
 /// Rows `ids` (contiguous u32) of the quantized matrix `w` with rows of

@@ -12,6 +12,7 @@ pub(crate) static REDUCE: Kernel = Kernel {
     inputs: 1,
     trusted: false,
     outputs: 1,
+    immediates: true,
 };
 pub(crate) static SOFTMAX: Kernel = Kernel {
     name: "softmax",
@@ -23,6 +24,7 @@ pub(crate) static SOFTMAX: Kernel = Kernel {
     inputs: 1,
     trusted: false,
     outputs: 1,
+    immediates: true,
 };
 /// Softmax and the norms of rows read as whole vec4 words: one source,
 /// named per use so that profiles tell softmax from norms.
@@ -37,6 +39,7 @@ pub(crate) static SOFTMAX_VEC: Kernel = Kernel {
     inputs: 3,
     trusted: false,
     outputs: 1,
+    immediates: true,
 };
 pub(crate) static NORM_VEC: Kernel = Kernel {
     name: "norm_vec",
@@ -44,6 +47,7 @@ pub(crate) static NORM_VEC: Kernel = Kernel {
     inputs: 3,
     trusted: false,
     outputs: 1,
+    immediates: true,
 };
 
 /// The row operations of rows_vec.wgsl (its `OP` constant).

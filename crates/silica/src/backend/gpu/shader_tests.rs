@@ -29,7 +29,7 @@ fn every_kernel_translates_to_msl_and_spirv() {
         // reduce rows also in their subgroup form, with every constant set
         let subgroup_form = kernel_source(kernel, false, true) != kernel.source;
         let mut variants = vec![(false, false)];
-        if !parsed.contains_key(&(kernel.name, false, false)) {
+        if kernel.immediates && !parsed.contains_key(&(kernel.name, false, false)) {
             variants.push((true, false));
         }
         if subgroup_form {
