@@ -16,7 +16,7 @@ pub(crate) static MATMUL: Kernel = Kernel {
     inputs: 2,
     trusted: false,
     outputs: 1,
-    immediates: false,
+    immediates: true,
 };
 
 pub(crate) static MATMUL_BIG: Kernel = Kernel {
