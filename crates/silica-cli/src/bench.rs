@@ -509,8 +509,9 @@ fn small_ops(dev: &Device, dtype: DType) -> silica::Result<SmallOps> {
 /// Bytes moved by each transfer of [`transfers`].
 const TRANSFER_BYTES: usize = 64 << 20;
 
-/// Host-to-device and device-to-host copies of 64 MiB (best of 5, wall
-/// clock): `Tensor::from_slice` then a wait for the device, and `to_vec`.
+/// Host-to-device and device-to-host copies of 64 MiB (wall clock): the
+/// best of 5 uploads into new buffers (`Tensor::from_slice` then a wait for
+/// the device) and of 15 read-backs (`to_vec`, three of each upload).
 /// Returns seconds per upload and per read-back.
 fn transfers(dev: &Device) -> Result<(f64, f64), CliError> {
     let n = TRANSFER_BYTES / 4;
@@ -521,13 +522,15 @@ fn transfers(dev: &Device) -> Result<(f64, f64), CliError> {
         let t = Tensor::from_slice(&host, &[n], dev)?;
         dev.synchronize()?;
         up = up.min(start.elapsed().as_secs_f64());
-        let start = Instant::now();
-        let back: Vec<f32> = t.to_vec()?;
-        down = down.min(start.elapsed().as_secs_f64());
-        if back != host {
-            return Err(CliError::msg(
-                "bench: the read-back differs from the upload".into(),
-            ));
+        for _ in 0..3 {
+            let start = Instant::now();
+            let back: Vec<f32> = t.to_vec()?;
+            down = down.min(start.elapsed().as_secs_f64());
+            if back != host {
+                return Err(CliError::msg(
+                    "bench: the read-back differs from the upload".into(),
+                ));
+            }
         }
         drop(t);
         dev.empty_cache();
