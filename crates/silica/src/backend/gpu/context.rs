@@ -177,6 +177,30 @@ pub struct KernelTime {
 /// sets a kernel's bind group and pipeline layouts apart.
 type LayoutKey = (u32, u32, bool);
 
+/// Shader modules by (kernel name, parameters as immediates).
+type ModuleMap = HashMap<(&'static str, bool), wgpu::ShaderModule>;
+
+/// Builds a kernel's shader module: naga parses and validates its WGSL.
+fn create_module(
+    device: &wgpu::Device,
+    kernel: &Kernel,
+    immediates: bool,
+    subgroups: bool,
+) -> wgpu::ShaderModule {
+    let desc = wgpu::ShaderModuleDescriptor {
+        label: Some(kernel.name),
+        source: wgpu::ShaderSource::Wgsl(kernel_source(kernel, immediates, subgroups)),
+    };
+    if kernel.trusted {
+        // SAFETY: `trusted` kernels guard every access themselves (see
+        // Kernel::trusted); the parity suite runs each on edge shapes and
+        // strided views.
+        unsafe { device.create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked()) }
+    } else {
+        device.create_shader_module(desc)
+    }
+}
+
 /// Dispatch count and GPU seconds of one (kernel, grid).
 type ProfileMap = BTreeMap<(&'static str, [u32; 3]), (u64, f64)>;
 
@@ -203,7 +227,9 @@ pub(crate) struct Context {
     /// read them from there (see `kernel_source`); 0 where the adapter has
     /// none or `SILICA_NO_IMMEDIATES=1`.
     immediate_bytes: u32,
-    modules: Mutex<HashMap<(&'static str, bool), wgpu::ShaderModule>>,
+    /// Shader modules by kernel and immediates; shared with the thread that
+    /// parses them at device open (see [`Context::parse_in_background`]).
+    modules: Arc<Mutex<ModuleMap>>,
     pipelines: Mutex<HashMap<PipelineKey, wgpu::ComputePipeline>>,
     layouts: Mutex<HashMap<LayoutKey, (wgpu::BindGroupLayout, wgpu::PipelineLayout)>>,
     pending: Mutex<Pending>,
@@ -385,7 +411,7 @@ impl Context {
                 .unwrap_or(SUBMIT_EVERY)
                 .clamp(1, DISPATCH_BUDGET),
             immediate_bytes,
-            modules: Mutex::new(HashMap::new()),
+            modules: Arc::new(Mutex::new(HashMap::new())),
             pipelines: Mutex::new(HashMap::new()),
             layouts: Mutex::new(HashMap::new()),
             pending: Mutex::new(Pending {
@@ -897,6 +923,38 @@ impl Context {
         self.coop16
     }
 
+    /// Parses the modules of `kernels` on a thread of their own, so that
+    /// the first dispatches of a process (a model's first token, while the
+    /// weights were loading) find them ready: parsing and validating the
+    /// WGSL of a prefill's kernels took about 30 ms of the first token on
+    /// an H100's host. A kernel the process reaches before the thread does
+    /// is parsed where it is needed, as without the thread. Modules that
+    /// fail to build are left out (the dispatch then reports the error).
+    pub fn parse_in_background(&self, kernels: Vec<&'static Kernel>) {
+        let device = self.device.clone();
+        let modules = self.modules.clone();
+        let immediates = self.immediate_bytes > 0;
+        let subgroups = self.subgroup_rows;
+        let spawned = std::thread::Builder::new()
+            .name("silica-wgsl".into())
+            .spawn(move || {
+                for kernel in kernels {
+                    let key = (kernel.name, immediates && kernel.immediates);
+                    if lock(&modules).contains_key(&key) {
+                        continue;
+                    }
+                    let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+                    let module = create_module(&device, kernel, key.1, subgroups);
+                    if pollster::block_on(scope.pop()).is_none() {
+                        lock(&modules).entry(key).or_insert(module);
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::debug!("no thread to parse kernels ahead: {e}");
+        }
+    }
+
     pub fn coop8(&self) -> bool {
         self.coop8
     }
@@ -983,29 +1041,7 @@ impl Context {
         let started = std::time::Instant::now();
         let module = lock(&self.modules)
             .entry((kernel.name, immediates))
-            .or_insert_with(|| {
-                let desc = wgpu::ShaderModuleDescriptor {
-                    label: Some(kernel.name),
-                    source: wgpu::ShaderSource::Wgsl(kernel_source(
-                        kernel,
-                        immediates,
-                        self.subgroup_rows,
-                    )),
-                };
-                if kernel.trusted {
-                    // SAFETY: `trusted` kernels guard every access themselves
-                    // (see Kernel::trusted); the parity suite runs each on
-                    // edge shapes and strided views.
-                    unsafe {
-                        self.device.create_shader_module_trusted(
-                            desc,
-                            wgpu::ShaderRuntimeChecks::unchecked(),
-                        )
-                    }
-                } else {
-                    self.device.create_shader_module(desc)
-                }
-            })
+            .or_insert_with(|| create_module(&self.device, kernel, immediates, self.subgroup_rows))
             .clone();
         let module_time = started.elapsed();
         let (_, layout) = self.layout(kernel, immediates);

@@ -35,6 +35,44 @@ pub(crate) struct PendingDownload {
     dtype: DType,
 }
 
+/// Every kernel, those of a transformer's forward first (the order in which
+/// they are parsed ahead at device open).
+fn every_kernel() -> Vec<&'static Kernel> {
+    vec![
+        &qmatmul::QGEMV,
+        &nn::ATTENTION_STEP,
+        &reduce::NORM_VEC,
+        &nn::ROPE,
+        &elementwise::BINARY,
+        &elementwise::BINARY_VEC,
+        &copy::COPY,
+        &copy::COPY_VEC,
+        &qmatmul::QROWS,
+        &reduce::REDUCE,
+        &elementwise::UNARY,
+        &matmul::GEMV,
+        &qmatmul::QMATMUL_COOP,
+        &qmatmul::QMATMUL,
+        &nn::FLASH_COOP,
+        &nn::ATTENTION_COMBINE,
+        &nn::DECODE_ATTENTION,
+        &matmul::MATMUL_COOP_VEC,
+        &matmul::MATMUL_BIG,
+        &matmul::MATMUL,
+        &matmul::MATMUL_COOP,
+        &matmul::MATMUL_COOP8,
+        &reduce::SOFTMAX,
+        &reduce::SOFTMAX_VEC,
+        &nn::NORM,
+        &nn::ATTENTION,
+        &nn::FLASH_ATTENTION_32,
+        &nn::FLASH_ATTENTION_16,
+        &copy::CAT,
+        &copy::INDEX_SELECT,
+        &elementwise::WHERE,
+    ]
+}
+
 /// An opened wgpu adapter: the device, its queue, its memory pool, its
 /// pipeline cache and its fallback counters.
 pub struct GpuDevice {
@@ -60,8 +98,20 @@ fn env_flag(name: &str) -> bool {
 
 impl GpuDevice {
     pub(crate) fn open(adapter: &wgpu::Adapter, info: DeviceInfo) -> Result<Self> {
+        let ctx = Context::new(adapter, &info)?;
+        // the kernels of a transformer's forward first; those the adapter
+        // cannot build are left out
+        let kernels = every_kernel()
+            .into_iter()
+            .filter(|k| match k.name {
+                "matmul_coop" | "matmul_coop_vec" | "qmatmul_coop" | "flash_coop" => ctx.coop16(),
+                "matmul_coop8" => ctx.coop8(),
+                _ => true,
+            })
+            .collect();
+        ctx.parse_in_background(kernels);
         let dev = Self {
-            ctx: Context::new(adapter, &info)?,
+            ctx,
             info,
             strict: AtomicBool::new(env_flag("SILICA_STRICT")),
             check: AtomicBool::new(env_flag("SILICA_CHECK")),

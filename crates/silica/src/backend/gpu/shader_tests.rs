@@ -112,3 +112,16 @@ fn every_kernel_translates_to_msl_and_spirv() {
     println!("{count} kernel specializations translated to MSL and SPIR-V");
     assert!(count > 500);
 }
+
+#[test]
+fn the_kernels_parsed_ahead_are_every_kernel() {
+    let listed: std::collections::BTreeSet<&str> =
+        super::every_kernel().iter().map(|k| k.name).collect();
+    let all: std::collections::BTreeSet<&str> = all().iter().map(|(k, _)| k.name).collect();
+    assert_eq!(listed, all);
+    assert_eq!(
+        listed.len(),
+        super::every_kernel().len(),
+        "a kernel listed twice"
+    );
+}
