@@ -819,18 +819,7 @@ impl Context {
         slice.map_async(wgpu::MapMode::Read, move |r| {
             let _ = tx.send(r);
         });
-        self.device
-            .poll(wgpu::PollType::Wait {
-                submission_index: index,
-                timeout: None,
-            })
-            .map_err(|e| self.gpu_err(e))?;
-        match rx.try_recv() {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(self.gpu_err(format!("read-back failed: {e}"))),
-            Err(_) => return Err(self.gpu_err("read-back was never completed")),
-        }
-        self.take_error()?;
+        self.wait_mapped(index, &rx)?;
         let skip = (offset - start) as usize;
         let r = {
             let view = slice.get_mapped_range().map_err(|e| self.gpu_err(e))?;
@@ -874,18 +863,7 @@ impl Context {
         f: impl FnOnce(&[u8]) -> R,
     ) -> Result<R> {
         let PendingBytes { staging, rx, index } = pending;
-        self.device
-            .poll(wgpu::PollType::Wait {
-                submission_index: index,
-                timeout: None,
-            })
-            .map_err(|e| self.gpu_err(e))?;
-        match rx.recv() {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(self.gpu_err(format!("read-back failed: {e}"))),
-            Err(_) => return Err(self.gpu_err("read-back was never completed")),
-        }
-        self.take_error()?;
+        self.wait_mapped(index, &rx)?;
         let r = {
             let view = staging
                 .slice(..)
@@ -895,6 +873,27 @@ impl Context {
         };
         staging.unmap();
         Ok(r)
+    }
+
+    /// Waits for submission `index` (every submission if `None`), after
+    /// which the mapping whose outcome `rx` receives is done.
+    fn wait_mapped(
+        &self,
+        index: Option<wgpu::SubmissionIndex>,
+        rx: &std::sync::mpsc::Receiver<std::result::Result<(), wgpu::BufferAsyncError>>,
+    ) -> Result<()> {
+        self.device
+            .poll(wgpu::PollType::Wait {
+                submission_index: index,
+                timeout: None,
+            })
+            .map_err(|e| self.gpu_err(e))?;
+        match rx.try_recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(self.gpu_err(format!("read-back failed: {e}"))),
+            Err(_) => return Err(self.gpu_err("read-back was never completed")),
+        }
+        self.take_error()
     }
 
     /// Workgroup counts for `groups` workgroups, split over x and y when

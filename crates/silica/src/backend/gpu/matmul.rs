@@ -33,17 +33,25 @@ pub(crate) static MATMUL_BIG: Kernel = Kernel {
     immediates: false,
 };
 
+/// matmul_coop.wgsl's source on the fragments of `$frag` (coop16.wgsl or
+/// coop8.wgsl).
+macro_rules! staged_coop_source {
+    ($frag:literal) => {
+        concat!(
+            "enable f16;\nenable wgpu_cooperative_matrix;\n",
+            include_str!($frag),
+            include_str!("common.wgsl"),
+            include_str!("matmul_common.wgsl"),
+            include_str!("store4.wgsl"),
+            include_str!("matmul_coop.wgsl"),
+            include_str!("coop_store.wgsl")
+        )
+    };
+}
+
 pub(crate) static MATMUL_COOP: Kernel = Kernel {
     name: "matmul_coop",
-    source: concat!(
-        "enable f16;\nenable wgpu_cooperative_matrix;\n",
-        include_str!("coop16.wgsl"),
-        include_str!("common.wgsl"),
-        include_str!("matmul_common.wgsl"),
-        include_str!("store4.wgsl"),
-        include_str!("matmul_coop.wgsl"),
-        include_str!("coop_store.wgsl")
-    ),
+    source: staged_coop_source!("coop16.wgsl"),
     inputs: 2,
     trusted: true,
     outputs: 1,
@@ -53,15 +61,7 @@ pub(crate) static MATMUL_COOP: Kernel = Kernel {
 /// matmul_coop.wgsl on the 8x8 fragments of Apple GPUs.
 pub(crate) static MATMUL_COOP8: Kernel = Kernel {
     name: "matmul_coop8",
-    source: concat!(
-        "enable f16;\nenable wgpu_cooperative_matrix;\n",
-        include_str!("coop8.wgsl"),
-        include_str!("common.wgsl"),
-        include_str!("matmul_common.wgsl"),
-        include_str!("store4.wgsl"),
-        include_str!("matmul_coop.wgsl"),
-        include_str!("coop_store.wgsl")
-    ),
+    source: staged_coop_source!("coop8.wgsl"),
     inputs: 2,
     trusted: true,
     outputs: 1,
