@@ -808,7 +808,7 @@ impl Context {
         f: impl FnOnce(&[u8]) -> R,
     ) -> Result<R> {
         self.check_alive()?;
-        let index = self.flush();
+        self.flush();
         // nothing is submitted while the buffer is mapped: work recorded by
         // other threads meanwhile waits in the pending encoder
         let _hold = lock(&self.pending);
@@ -819,7 +819,9 @@ impl Context {
         slice.map_async(wgpu::MapMode::Read, move |r| {
             let _ = tx.send(r);
         });
-        self.wait_mapped(index, &rx)?;
+        // every submission: another thread may have submitted work on this
+        // buffer between the flush and the lock
+        self.wait_mapped(None, &rx)?;
         let skip = (offset - start) as usize;
         let r = {
             let view = slice.get_mapped_range().map_err(|e| self.gpu_err(e))?;
