@@ -171,9 +171,41 @@ fn read_prompt(path: &Path) -> Result<String, CliError> {
     Ok(text.strip_suffix('\r').unwrap_or(text).to_string())
 }
 
+/// The model's tokenizer and the prompt's tokens (through the chat template
+/// with `--chat`).
+fn tokenize_prompt(
+    gguf: &GgufFile,
+    args: &GenerateArgs,
+    prompt: &str,
+) -> Result<(Tokenizer, Vec<u32>), CliError> {
+    let tokenizer = Tokenizer::from_gguf(gguf)?;
+    let prompt_ids = if args.chat {
+        let source = gguf.get("tokenizer.chat_template").and_then(|v| v.as_str());
+        let template = ChatTemplate::detect(source).ok_or_else(|| {
+            CliError::msg("--chat: the model has no chat template silica recognises (ChatML, Llama 2, Llama 3)".into())
+        })?;
+        let mut messages = Vec::new();
+        if let Some(system) = &args.system {
+            messages.push(Message {
+                role: "system".into(),
+                content: system.clone(),
+            });
+        }
+        messages.push(Message {
+            role: "user".into(),
+            content: prompt.to_string(),
+        });
+        tokenizer.encode(&template.render(&messages, true), false)?
+    } else {
+        tokenizer.encode(prompt, true)?
+    };
+    Ok((tokenizer, prompt_ids))
+}
+
 pub fn run(args: &GenerateArgs) -> Result<(), CliError> {
-    // The cheap checks first: the arguments, the prompt, the device, the
-    // model's metadata and the prompt's length; the weights last.
+    // The cheap checks first: the arguments, the prompt, the device and the
+    // model's metadata. The prompt is tokenized while the weights load,
+    // and its errors (its length among them) are reported before theirs.
     let dtype = parse_dtype(&args.dtype)?;
     let prompt = match (&args.prompt, &args.file) {
         (Some(p), _) => p.clone(),
@@ -189,33 +221,25 @@ pub fn run(args: &GenerateArgs) -> Result<(), CliError> {
     let load_start = Instant::now();
     let gguf = GgufFile::open(&path)?;
     let config = LlamaConfig::from_gguf(&gguf)?;
-    let tokenizer = Tokenizer::from_gguf(&gguf)?;
-    let prompt_ids = if args.chat {
-        let source = gguf.get("tokenizer.chat_template").and_then(|v| v.as_str());
-        let template = ChatTemplate::detect(source).ok_or_else(|| {
-            CliError::msg("--chat: the model has no chat template silica recognises (ChatML, Llama 2, Llama 3)".into())
-        })?;
-        let mut messages = Vec::new();
-        if let Some(system) = &args.system {
-            messages.push(Message {
-                role: "system".into(),
-                content: system.clone(),
-            });
-        }
-        messages.push(Message {
-            role: "user".into(),
-            content: prompt.clone(),
-        });
-        tokenizer.encode(&template.render(&messages, true), false)?
-    } else {
-        tokenizer.encode(&prompt, true)?
-    };
-    check_prompt(prompt_ids.len(), config.context_length)?;
     let opts = LoadOptions {
         dtype,
         dequantize: args.dequantize,
     };
-    let model = Llama::load_with(&gguf, &device, opts)?;
+    // the tokenizer (a fifth of a second for a 128K-token vocabulary's
+    // merges) is built while the weights load
+    let (tokenized, model) = std::thread::scope(|s| {
+        let tokenize = s.spawn(|| tokenize_prompt(&gguf, args, &prompt));
+        let model = Llama::load_with(&gguf, &device, opts);
+        let tokenized = tokenize.join().unwrap_or_else(|_| {
+            Err(CliError::msg(
+                "internal error: the tokenizer panicked".into(),
+            ))
+        });
+        (tokenized, model)
+    });
+    let (tokenizer, prompt_ids) = tokenized?;
+    check_prompt(prompt_ids.len(), config.context_length)?;
+    let model = model?;
     let model_name = gguf
         .get("general.name")
         .and_then(|v| v.as_str())
