@@ -672,16 +672,18 @@ impl Context {
             self.write(&buf, data)?;
             return Ok(buf);
         }
-        {
-            let mut view = buf
-                .raw()
-                .slice(..padded as u64)
-                .get_mapped_range_mut()
-                .map_err(|e| self.gpu_err(e))?;
-            view.slice(..data.len()).copy_from_slice(data);
-            view.slice(data.len()..).fill(0);
-        }
+        let filled = buf
+            .raw()
+            .slice(..padded as u64)
+            .get_mapped_range_mut()
+            .map(|mut view| {
+                view.slice(..data.len()).copy_from_slice(data);
+                view.slice(data.len()..).fill(0);
+            });
+        // unmapped whatever happened: the buffer goes back to the pool
+        // on an error, and a mapped buffer cannot be bound
         buf.raw().unmap();
+        filled.map_err(|e| self.gpu_err(e))?;
         Ok(buf)
     }
 
@@ -821,14 +823,14 @@ impl Context {
         });
         // every submission: another thread may have submitted work on this
         // buffer between the flush and the lock
-        self.wait_mapped(None, &rx)?;
         let skip = (offset - start) as usize;
-        let r = {
+        let read = self.wait_mapped(None, &rx).and_then(|()| {
             let view = slice.get_mapped_range().map_err(|e| self.gpu_err(e))?;
-            f(&view[skip..skip + size as usize])
-        };
+            Ok(f(&view[skip..skip + size as usize]))
+        });
+        // unmapped on an error too: the tensor's buffer stays in use
         src.unmap();
-        Ok(r)
+        read
     }
 
     /// Starts reading `size` bytes at `offset` (both multiples of 4): the
