@@ -880,7 +880,9 @@ impl Context {
     }
 
     /// Waits for submission `index` (every submission if `None`), after
-    /// which the mapping whose outcome `rx` receives is done.
+    /// which the mapping whose outcome `rx` receives is done. The outcome
+    /// is waited for too: another thread's poll may be the one that runs
+    /// the mapping's callback, a moment after this poll returns.
     fn wait_mapped(
         &self,
         index: Option<wgpu::SubmissionIndex>,
@@ -892,7 +894,7 @@ impl Context {
                 timeout: None,
             })
             .map_err(|e| self.gpu_err(e))?;
-        match rx.try_recv() {
+        match rx.recv() {
             Ok(Ok(())) => {}
             Ok(Err(e)) => return Err(self.gpu_err(format!("read-back failed: {e}"))),
             Err(_) => return Err(self.gpu_err("read-back was never completed")),
