@@ -791,18 +791,31 @@ impl Context {
 
     /// Reads `size` bytes at `offset` (both multiples of 4), waiting for all pending work.
     pub fn read(&self, src: &wgpu::Buffer, offset: u64, size: u64) -> Result<Vec<u8>> {
+        self.read_with(src, offset, size, <[u8]>::to_vec)
+    }
+
+    /// [`Context::read`] passing the bytes to `f` where they lie: the
+    /// buffer's own mapping where it is mappable (unified memory), else a
+    /// staging buffer's.
+    pub fn read_with<R>(
+        &self,
+        src: &wgpu::Buffer,
+        offset: u64,
+        size: u64,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R> {
         if src.usage().contains(wgpu::BufferUsages::MAP_READ) {
-            return self.read_mapped(src, offset, size, <[u8]>::to_vec);
+            return self.read_mapped(src, offset, size, f);
         }
         let pending = self.read_start(src, offset, size)?;
-        self.read_finish(pending)
+        self.read_finish_with(pending, f)
     }
 
     /// Reads `size` bytes at `offset` of a mappable buffer (unified memory;
     /// `offset` a multiple of 4) once the work before is done, passing them
     /// to `f` straight from the buffer's mapping: no copy on the GPU, none
     /// into a staging buffer.
-    pub fn read_mapped<R>(
+    fn read_mapped<R>(
         &self,
         src: &wgpu::Buffer,
         offset: u64,
@@ -835,7 +848,7 @@ impl Context {
 
     /// Starts reading `size` bytes at `offset` (both multiples of 4): the
     /// copy is submitted with all pending work, and work recorded after it
-    /// does not delay [`Context::read_finish`].
+    /// does not delay [`Context::read_finish_with`].
     pub fn read_start(&self, src: &wgpu::Buffer, offset: u64, size: u64) -> Result<PendingBytes> {
         self.check_alive()?;
         let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
@@ -854,13 +867,8 @@ impl Context {
     }
 
     /// Waits for a read started by [`Context::read_start`] (only for the
-    /// submission that holds its copy) and returns the bytes.
-    pub fn read_finish(&self, pending: PendingBytes) -> Result<Vec<u8>> {
-        self.read_finish_with(pending, <[u8]>::to_vec)
-    }
-
-    /// [`Context::read_finish`] passing the bytes to `f` straight from the
-    /// staging buffer's mapping.
+    /// submission that holds its copy) and passes the bytes to `f` straight
+    /// from the staging buffer's mapping.
     pub fn read_finish_with<R>(
         &self,
         pending: PendingBytes,

@@ -247,10 +247,7 @@ pub(crate) fn matmul(
         "gemv" => m <= GEMV_MAX_M,
         _ => true,
     }) {
-        if let (Some(s), true) = (
-            staged,
-            name.starts_with("matmul_coop_sg") || name == "matmul_coop",
-        ) {
+        if let (Some(s), "matmul_coop" | "matmul_coop_sg4") = (staged, name) {
             (s.kernel, [n.div_ceil(s.tn), m.div_ceil(s.tm), batches])
         } else {
             let kernel = [&MATMUL, &MATMUL_BIG, &MATMUL_COOP_VEC, &GEMV]

@@ -513,22 +513,19 @@ impl GpuDevice {
         n: usize,
         dtype: DType,
     ) -> Result<CpuStorage> {
-        let es = dtype.size_in_bytes() as u64;
-        if n > 0 && self.ctx.pool.mappable() {
-            // unified memory: the elements come straight from the buffer's
-            // mapping
-            let start = offset as u64 * es;
-            let aligned = start & !3;
-            let skip = (start - aligned) as usize;
-            let len = n * es as usize;
-            return self
-                .ctx
-                .read_mapped(buf.raw(), aligned, (skip + len) as u64, |bytes| {
-                    CpuStorage::from_bytes(dtype, &bytes[skip..skip + len])
-                });
+        if n == 0 {
+            return Ok(CpuStorage::from_bytes(dtype, &[]));
         }
-        let pending = self.download_start(buf, offset, n, dtype)?;
-        self.download_finish(pending)
+        // reads start and end on 4-byte boundaries
+        let es = dtype.size_in_bytes() as u64;
+        let start = offset as u64 * es;
+        let aligned = start & !3;
+        let skip = (start - aligned) as usize;
+        let len = n * es as usize;
+        let size = (skip + len).next_multiple_of(4) as u64;
+        self.ctx.read_with(buf.raw(), aligned, size, |bytes| {
+            CpuStorage::from_bytes(dtype, &bytes[skip..skip + len])
+        })
     }
 
     /// Starts reading `n` contiguous elements from element `offset` on;

@@ -13,20 +13,21 @@ override ROW_THREADS: u32 = 256u;
 // one slot per subgroup: ROW_THREADS / width <= 256 / 4
 var<workgroup> part: array<f32, 64>;
 
-// Slots of the workgroup's subgroups, `width` threads each.
-fn slots(width: u32) -> u32 {
+// Puts `r`, this subgroup's result, in the subgroup's slot and returns the
+// number of slots once every slot is written.
+fn share(r: f32, lid: u32) -> u32 {
+    let width = subgroupAdd(1u);
+    if lid % width == 0u {
+        part[lid / width] = r;
+    }
+    workgroupBarrier();
     return max(ROW_THREADS / width, 1u);
 }
 
 fn workgroup_max(v: f32, lid: u32) -> f32 {
-    let m = subgroupMax(v);
-    let width = subgroupAdd(1u);
-    if lid % width == 0u {
-        part[lid / width] = m;
-    }
-    workgroupBarrier();
+    let slots = share(subgroupMax(v), lid);
     var r = part[0];
-    for (var i = 1u; i < slots(width); i++) {
+    for (var i = 1u; i < slots; i++) {
         r = max(r, part[i]);
     }
     workgroupBarrier();
@@ -34,14 +35,9 @@ fn workgroup_max(v: f32, lid: u32) -> f32 {
 }
 
 fn workgroup_sum(v: f32, lid: u32) -> f32 {
-    let s = subgroupAdd(v);
-    let width = subgroupAdd(1u);
-    if lid % width == 0u {
-        part[lid / width] = s;
-    }
-    workgroupBarrier();
+    let slots = share(subgroupAdd(v), lid);
     var r = part[0];
-    for (var i = 1u; i < slots(width); i++) {
+    for (var i = 1u; i < slots; i++) {
         r += part[i];
     }
     workgroupBarrier();
