@@ -116,10 +116,12 @@ fn matmul_q_matches_the_dequantized_reference() {
                 // the CPU multiplies these formats with x rounded to 8 bits
                 // per block of 32 (scale amax / 127): each output may then
                 // be off by up to Σ |w| · amax / 254 over the blocks
-                let slack = if matches!(dev, Device::Cpu)
-                    && int8_activations(format)
-                    && silica::cpu_int8_activations()
-                {
+                // (the same on a GPU with 8-bit activations, for one row)
+                let rounds = match &dev {
+                    Device::Cpu => silica::cpu_int8_activations(),
+                    Device::Gpu(g) => g.int8_activations() && m == 1,
+                };
+                let slack = if rounds && int8_activations(format) {
                     let (xv, wv): (Vec<f32>, Vec<f32>) =
                         (xc.to_vec().unwrap(), wd.to_vec().unwrap());
                     rounding_bound(&xv, &wv, m, n, k)
@@ -169,6 +171,69 @@ fn cpu_int8_activations_switch() {
         }
     }
     silica::set_cpu_int8_activations(before);
+}
+
+/// `GpuDevice::set_int8_activations`: on every GPU adapter, decode's
+/// Q4_0/Q4_1/Q8_0 products with x rounded to 8 bits (qgemv_i8) within the
+/// rounding bound of the exact product, over widths with rows that start
+/// 2 bytes past a word (an odd number of 18- or 34-byte blocks), both
+/// sizes of the kernel's buffer for x (K up to 4,096 and past it) and
+/// every activation dtype; off, the exact kernel.
+#[test]
+fn gpu_int8_activations_stay_within_the_rounding_bound() {
+    let _switch = int8_switch();
+    for dev in common::gpu_devices() {
+        let Device::Gpu(g) = &dev else { continue };
+        let before = g.int8_activations();
+        for format in [QuantFormat::Q4_0, QuantFormat::Q4_1, QuantFormat::Q8_0] {
+            for (n, k) in [(9, 288), (70, 512), (3, 4128), (2050, 64)] {
+                let w = QTensor::random(format, &[n, k], 21, &dev).unwrap();
+                let wd = w
+                    .dequantize(DType::F32)
+                    .unwrap()
+                    .to_device(&Device::cpu())
+                    .unwrap();
+                for dtype in [DType::F32, DType::F16, DType::BF16] {
+                    let x = Tensor::randn(&[1, k], dtype, 22, &dev).unwrap();
+                    let xc = x
+                        .to_dtype(DType::F32)
+                        .unwrap()
+                        .to_device(&Device::cpu())
+                        .unwrap();
+                    let want: Vec<f32> = xc.matmul(&wd.t().unwrap()).unwrap().to_vec().unwrap();
+                    let product = |on: bool| -> Vec<f32> {
+                        g.set_int8_activations(on);
+                        let y = x.matmul_q(&w).unwrap().to_dtype(DType::F32).unwrap();
+                        y.to_vec().unwrap()
+                    };
+                    // the output's own rounding to a 16-bit dtype on top
+                    let out_tol = match dtype {
+                        DType::F16 => 1e-3,
+                        DType::BF16 => 8e-3,
+                        _ => 1e-5,
+                    };
+                    let exact = product(false);
+                    let err = rel_err(&exact, &want);
+                    assert!(
+                        err <= out_tol,
+                        "{dev} {format} {dtype} [1, {k}] x [{n}, {k}] off: relative error {err:e}"
+                    );
+                    let int8 = product(true);
+                    let (xv, wv) = (xc.to_vec().unwrap(), wd.to_vec().unwrap());
+                    let bound = rounding_bound(&xv, &wv, 1, n, k);
+                    let err = rel_err_beyond(&int8, &want, &bound);
+                    assert!(
+                        err <= out_tol,
+                        "{dev} {format} {dtype} [1, {k}] x [{n}, {k}] on: relative error {err:e}"
+                    );
+                    // the rounding is really there (random x has no block
+                    // that 8 bits hold exactly)
+                    assert_ne!(int8, exact, "{dev} {format}: no 8-bit rounding seen");
+                }
+            }
+        }
+        g.set_int8_activations(before);
+    }
 }
 
 #[test]
@@ -332,8 +397,27 @@ fn fused_products_match_their_definition() {
     let _switch = int8_switch();
     let (k, n) = (256, 24);
     let cpu = Device::cpu();
-    for dev in devices() {
-        for format in [QuantFormat::Q4_0, QuantFormat::Q8_0, QuantFormat::Q4_K] {
+    // each GPU twice: the exact GEMV and the one with 8-bit activations
+    let mut runs: Vec<(Device, bool)> = vec![(cpu.clone(), false)];
+    for dev in common::gpu_devices() {
+        runs.push((dev.clone(), false));
+        runs.push((dev, true));
+    }
+    for (dev, gpu_int8) in runs {
+        let before = match &dev {
+            Device::Gpu(g) => {
+                let before = g.int8_activations();
+                g.set_int8_activations(gpu_int8);
+                before
+            }
+            Device::Cpu => false,
+        };
+        for format in [
+            QuantFormat::Q4_0,
+            QuantFormat::Q4_1,
+            QuantFormat::Q8_0,
+            QuantFormat::Q4_K,
+        ] {
             for rows in [1, 9] {
                 let w = QTensor::random(format, &[2 * n, k], 5, &dev).unwrap();
                 let wd: Vec<f32> = w.dequantize(DType::F32).unwrap().to_vec().unwrap();
@@ -361,11 +445,13 @@ fn fused_products_match_their_definition() {
                         .zip(&gs)
                         .map(|(&v, &s)| v as f64 * inv * s as f64)
                         .collect();
-                    // the CPU rounds the normed rows to 8 bits for these formats
-                    let h = if matches!(dev, Device::Cpu)
-                        && int8_activations(format)
-                        && silica::cpu_int8_activations()
-                    {
+                    // the CPU rounds the normed rows to 8 bits for these
+                    // formats, a GPU its one row with 8-bit activations on
+                    let rounds = match dev {
+                        Device::Cpu => silica::cpu_int8_activations(),
+                        _ => gpu_int8 && rows == 1,
+                    };
+                    let h = if rounds && int8_activations(format) {
                         rounded_to_8_bits(&h)
                     } else {
                         h
@@ -385,9 +471,12 @@ fn fused_products_match_their_definition() {
                 let err = rel_err(&got, &want);
                 assert!(
                     err < 1e-4,
-                    "{dev} {format} rows {rows}: relative error {err}"
+                    "{dev} {format} rows {rows} (GPU int8 {gpu_int8}): relative error {err}"
                 );
             }
+        }
+        if let Device::Gpu(g) = &dev {
+            g.set_int8_activations(before);
         }
     }
     // bad input: odd row count with swiglu, wrong norm weight, wrong residual

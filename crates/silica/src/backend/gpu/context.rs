@@ -219,6 +219,10 @@ pub(crate) struct Context {
     coop8: bool,
     /// Test hook: the matmul kernel to use whatever the shape.
     pub forced_matmul: Mutex<Option<&'static str>>,
+    /// Decode GEMVs of Q8_0, Q4_0 and Q4_1 weights may round x to 8 bits
+    /// and take integer dot products (qgemv_i8.wgsl): see `integer_dots`
+    /// and `GpuDevice::int8_activations`.
+    pub integer_gemv: AtomicBool,
     max_groups: u32,
     workgroup_memory: u32,
     /// Dispatches per submitted batch (see SUBMIT_EVERY).
@@ -307,6 +311,27 @@ fn unified_memory(adapter: &wgpu::Adapter) -> bool {
         && matches!(
             info.device_type,
             wgpu::DeviceType::IntegratedGpu | wgpu::DeviceType::Cpu
+        )
+}
+
+/// Whether the quantized decode GEMVs take integer dot products of x
+/// rounded to 8 bits (qgemv_i8.wgsl) rather than f32 products: on GPUs
+/// through Vulkan, whose drivers run a packed 4x8-bit dot product as one
+/// instruction (dp4a on NVIDIA, AMD's dot4 and Intel's DP4A) where wgpu
+/// turns on SPIR-V's DotProduct capability. Metal has no such instruction
+/// (naga writes it out as shifts and multiplies), nor do CPU adapters.
+/// `SILICA_INTEGER_GEMV=1` or `=0` decides instead.
+fn integer_dots(adapter: &wgpu::Adapter) -> bool {
+    match std::env::var("SILICA_INTEGER_GEMV").as_deref() {
+        Ok("1") => return true,
+        Ok("0") => return false,
+        _ => {}
+    }
+    let info = adapter.get_info();
+    info.backend == wgpu::Backend::Vulkan
+        && matches!(
+            info.device_type,
+            wgpu::DeviceType::DiscreteGpu | wgpu::DeviceType::IntegratedGpu
         )
 }
 
@@ -403,6 +428,7 @@ impl Context {
             coop8,
             subgroup_rows,
             forced_matmul: Mutex::new(None),
+            integer_gemv: AtomicBool::new(integer_dots(adapter)),
             max_groups: limits.max_compute_workgroups_per_dimension,
             workgroup_memory: limits.max_compute_workgroup_storage_size,
             submit_every: std::env::var("SILICA_SUBMIT_EVERY")

@@ -40,6 +40,7 @@ pub(crate) struct PendingDownload {
 fn every_kernel() -> Vec<&'static Kernel> {
     vec![
         &qmatmul::QGEMV,
+        &qmatmul::QGEMV_I8,
         &nn::ATTENTION_STEP,
         &reduce::NORM_VEC,
         &nn::ROPE,
@@ -247,6 +248,25 @@ impl GpuDevice {
         self.check.store(on, Ordering::Relaxed);
     }
 
+    /// Whether decode's products with Q4_0, Q4_1 and Q8_0 weights (one row
+    /// of activations, K up to 16,384) round the activations to 8 bits per
+    /// block of 32 and multiply with packed integer dot products, as
+    /// llama.cpp's GPU backends do; the exact f32 kernel otherwise. Each
+    /// output may then differ from the exact product by up to `Σ |w| ·
+    /// amax(x) / 254` over the blocks of 32, the bound of
+    /// [`crate::cpu_int8_activations`]. On by default on GPUs through Vulkan
+    /// (whose drivers run a packed dot product as one instruction), off
+    /// elsewhere; `SILICA_INTEGER_GEMV=1` or `0` decides at device open.
+    /// Check mode (`SILICA_CHECK`) takes the exact kernel whatever this says.
+    pub fn int8_activations(&self) -> bool {
+        self.ctx.integer_gemv.load(Ordering::Relaxed)
+    }
+
+    /// Turns [`GpuDevice::int8_activations`] on or off for this device.
+    pub fn set_int8_activations(&self, on: bool) {
+        self.ctx.integer_gemv.store(on, Ordering::Relaxed);
+    }
+
     pub(crate) fn check_mode(&self) -> bool {
         self.check.load(Ordering::Relaxed)
     }
@@ -411,7 +431,10 @@ impl GpuDevice {
                 qmatmul::qrows(c, format, inputs[0], inputs[1], k, &out, out_dtype)?
             }
             Op::QMatmul { format, fusion } => {
-                qmatmul::qmatmul(c, format, fusion, inputs, out_shape, &out, out_dtype)?
+                // check mode compares with the CPU's exact products
+                let int8 = self.int8_activations() && !self.check_mode();
+                let gemv = qmatmul::Gemv8 { int8 };
+                qmatmul::qmatmul(c, format, fusion, gemv, inputs, out_shape, &out, out_dtype)?
             }
             Op::RmsNorm { eps } => nn::norm(c, inputs[0], inputs[1], None, eps, &out, out_dtype)?,
             Op::LayerNorm { eps } => nn::norm(

@@ -1,14 +1,16 @@
-//! The CPU's default quantized products (x rounded to 8 bits per block of
-//! 32, integer dot products, as llama.cpp does) end to end on the default
-//! decoder, against the model whose weights were decoded to f32 at load,
-//! fed the same tokens (the reference's greedy ones): the logits of every
-//! step close to the reference's, and the greedy choice the same wherever
-//! the reference's choice is not a near-tie. Free-running greedy
-//! continuations are not identical: the 8-bit rounding decides one near-tie
-//! in each golden prompt the other way (the exact products, which
-//! tests/llama.rs checks, give identical tokens). A test file of its own,
-//! so that no other test in the process switches the 8-bit activations off
-//! while it runs.
+//! The default quantized products with 8-bit activations (x rounded to 8
+//! bits per block of 32, integer dot products, as llama.cpp does): the
+//! CPU's, and a GPU's decode products with `GpuDevice::int8_activations`
+//! on (the default through Vulkan), end to end on the default decoder,
+//! against the model whose weights were decoded to f32 at load, fed the
+//! same tokens (the reference's greedy ones): the logits of every step
+//! close to the reference's, and the greedy choice the same wherever the
+//! reference's choice is not a near-tie. Free-running greedy continuations
+//! are not identical: the 8-bit rounding decides one near-tie in each
+//! golden prompt the other way (the exact products, which tests/llama.rs
+//! checks, give identical tokens). A test file of its own, so that no
+//! other test in the process switches the 8-bit activations off while it
+//! runs.
 
 use silica::{DType, Device};
 use silica_models::gguf::GgufFile;
@@ -39,14 +41,29 @@ fn int8_activations_follow_dequantized_weights() {
     assert!(silica::cpu_int8_activations());
     let path = resolve_decoder(None).expect("the default decoder resolves");
     let gguf = GgufFile::open(&path).unwrap();
+    let mut devices = vec![Device::cpu()];
+    let n = silica::adapters().len();
+    assert!(
+        n > 0 || std::env::var("SILICA_REQUIRE_GPU").as_deref() != Ok("1"),
+        "SILICA_REQUIRE_GPU=1 but no GPU adapter"
+    );
+    devices.extend((0..n).map(|i| Device::gpu(i).expect("the adapter opens")));
+    for dev in devices {
+        if let Device::Gpu(g) = &dev {
+            g.set_int8_activations(true);
+        }
+        follows_dequantized_weights(&dev, &gguf);
+    }
+}
+
+fn follows_dequantized_weights(dev: &Device, gguf: &GgufFile) {
     let golden = golden();
-    let dev = Device::cpu();
     let opts = |dequantize| LoadOptions {
         dtype: DType::F32,
         dequantize,
     };
-    let quantized = Llama::load_with(&gguf, &dev, opts(false)).unwrap();
-    let reference = Llama::load_with(&gguf, &dev, opts(true)).unwrap();
+    let quantized = Llama::load_with(gguf, dev, opts(false)).unwrap();
+    let reference = Llama::load_with(gguf, dev, opts(true)).unwrap();
     let mut worst = 0f64;
     for prompt in golden["prompts"].as_array().unwrap() {
         let name = prompt["name"].as_str().unwrap();
@@ -61,23 +78,26 @@ fn int8_activations_follow_dequantized_weights() {
             worst = worst.max(err);
             assert!(
                 err <= MAX_REL_ERR,
-                "{name} step {i}: logits off by {err:.3} of their spread"
+                "{dev} {name} step {i}: logits off by {err:.3} of their spread"
             );
             let (g, w) = (got[i] as usize, want[i] as usize);
             if g != w {
                 let margin = b[w] - b[g];
                 assert!(
                     margin <= NEAR_TIE,
-                    "{name} step {i}: token {g} chosen over {w}, whose lead is {margin}"
+                    "{dev} {name} step {i}: token {g} chosen over {w}, whose lead is {margin}"
                 );
                 flips += 1;
             }
         }
-        assert!(flips <= 1, "{name}: {flips} near-ties decided differently");
+        assert!(
+            flips <= 1,
+            "{dev} {name}: {flips} near-ties decided differently"
+        );
     }
-    eprintln!("largest logit error, relative to the logits' spread: {worst:.4}");
+    eprintln!("{dev}: largest logit error, relative to the logits' spread: {worst:.4}");
     // the 8-bit path really ran: its rounding shows in the logits
-    assert!(worst > 1e-4, "the two paths gave the same logits");
+    assert!(worst > 1e-4, "{dev}: the two paths gave the same logits");
 }
 
 /// Root mean square of a - b once the mean difference is removed (a shift

@@ -1,0 +1,131 @@
+// qgemv_common.wgsl — what the GEMV kernels of the quantized formats
+// share (qgemv.wgsl, qgemv_i8.wgsl): bindings, specialization, the fusions
+// and the final sum over a lane set with the writes of its columns.
+//
+// Fusions (override constants), in the order they apply:
+// - NORM: x is replaced by rms_norm(x) * g. Every workgroup sums the
+//   squares of the M rows itself (x is small and stays in cache), scales x
+//   by g as it loads it and the sums by 1 / rms at the end.
+// - SWIGLU: w holds gate [N, K] then up [N, K]; a lane set takes R / 2
+//   columns of each and writes silu(gate) * up.
+// - RESIDUAL: the residual r [M, N] (dtype RES_DT) is added.
+
+@group(0) @binding(0) var<uniform> p: QParams;
+@group(0) @binding(1) var<storage, read> src_x: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read> src_w: array<u32>;
+@group(0) @binding(3) var<storage, read> src_g: array<u32>;
+@group(0) @binding(4) var<storage, read> src_r: array<u32>;
+@group(0) @binding(5) var<storage, read_write> dst: array<u32>;
+
+override M: u32 = 1u;
+override LANES: u32 = 32u;
+// Weight rows per lane set; R * M <= 8 (the accumulators and the slots of
+// the final sum).
+override R: u32 = 1u;
+override NORM: bool = false;
+override SWIGLU: bool = false;
+override RESIDUAL: bool = false;
+// Output columns per lane set: R, or R / 2 with SWIGLU.
+override OC: u32 = 1u;
+// dtype code of the residual (the norm weight has x's dtype)
+override RES_DT: u32 = 0u;
+
+var<workgroup> partial: array<f32, 2048>; // [R * M <= 8][256]
+var<workgroup> inv_rms: array<f32, 8>;
+
+// Norm weight elements e..e+3 (e a multiple of 4, off_g a multiple of 8).
+fn g4(e: u32) -> vec4<f32> {
+    let i = p.off_g + e;
+    if IN_DT == 0u {
+        return vec4<f32>(bitcast<f32>(src_g[i]), bitcast<f32>(src_g[i + 1u]), bitcast<f32>(src_g[i + 2u]), bitcast<f32>(src_g[i + 3u]));
+    }
+    let a = src_g[i >> 1u];
+    let b = src_g[(i >> 1u) + 1u];
+    if IN_DT == 1u {
+        return vec4<f32>(unpack2x16float(a), unpack2x16float(b));
+    }
+    return vec4<f32>(bitcast<f32>(a << 16u), bitcast<f32>(a & 0xffff0000u), bitcast<f32>(b << 16u), bitcast<f32>(b & 0xffff0000u));
+}
+
+// The weight row of accumulator c of the lane set whose first output
+// column is col0: with SWIGLU the first OC are gate rows, the others the
+// up rows of the same columns.
+fn weight_row(col0: u32, c: u32) -> u32 {
+    let row = min(col0 + c % OC, p.n - 1u);
+    if SWIGLU && c >= OC {
+        return row + p.n;
+    }
+    return row;
+}
+
+// The result of output column j of this lane set (slot: the lane set's
+// first thread) for row r of x, before the residual.
+fn result(j: u32, r: u32, slot: u32) -> f32 {
+    var v = partial[(j * M + r) * WG + slot];
+    if NORM {
+        v *= inv_rms[r];
+    }
+    if SWIGLU {
+        var u = partial[((OC + j) * M + r) * WG + slot];
+        if NORM {
+            u *= inv_rms[r];
+        }
+        v = v / (1.0 + exp(-v)) * u;
+    }
+    return v;
+}
+
+fn with_residual(v: f32, e: u32) -> f32 {
+    if RESIDUAL {
+        let i = p.off_r + e;
+        return v + decode(src_r[word_index(i, RES_DT)], i, RES_DT);
+    }
+    return v;
+}
+
+// Sums each accumulator over the lane set (lanes `lane` of the set whose
+// first output column is col0) and writes the set's columns.
+fn finish(lid: u32, lane: u32, col0: u32, acc: array<f32, 8>) {
+    for (var i = 0u; i < R * M; i++) {
+        partial[i * WG + lid] = acc[i];
+    }
+    workgroupBarrier();
+    for (var s = LANES / 2u; s > 0u; s >>= 1u) {
+        if lane < s {
+            for (var i = 0u; i < R * M; i++) {
+                partial[i * WG + lid] += partial[i * WG + lid + s];
+            }
+        }
+        workgroupBarrier();
+    }
+    if lane != 0u {
+        return;
+    }
+    for (var j = 0u; j < OC; j++) {
+        let col = col0 + j;
+        if col >= p.n {
+            return;
+        }
+        for (var r = 0u; r < M; r++) {
+            let e = r * p.n + col;
+            let v = with_residual(result(j, r, lid), e);
+            if OUT_DT == 1u || OUT_DT == 2u {
+                // N is even (the launcher goes through f32 otherwise): the
+                // even column writes the word it shares with the next one,
+                // which is this lane set's next column or the next lane
+                // set's first
+                if col % 2u == 0u {
+                    var next: f32;
+                    if OC > 1u {
+                        next = result(j + 1u, r, lid);
+                    } else {
+                        next = result(0u, r, lid + LANES);
+                    }
+                    dst[e >> 1u] = encode_pair(v, with_residual(next, e + 1u), OUT_DT);
+                }
+            } else {
+                dst[e] = bitcast<u32>(v);
+            }
+        }
+    }
+}

@@ -1,0 +1,203 @@
+// qgemv_i8.wgsl — dst = x @ wᵀ for one row of x (decode), w in Q8_0, Q4_0
+// or Q4_1, with integer dot products of 4 bytes (`dot4I8Packed`, one
+// instruction where the driver has them: dp4a on NVIDIA). Every workgroup
+// first rounds x to 8 bits per block of 32 into workgroup memory, as
+// GGML's Q8_0 does (scale max |x| / 127), four threads a block. Then each
+// lane takes whole weight blocks of its set's R rows (lane l of LANES:
+// blocks l, l + LANES, ...), so that a subgroup's loads of a row are one
+// contiguous run, and sums each block as one integer: 8 packed products
+// (Q8_0's bytes, or Q4_0/Q4_1's low and high nibbles against x's first
+// and second 16 values), scaled once. A lane fetches its next blocks'
+// words before it works on the current ones (the first ones before x is
+// rounded). About 1.4 operations a weight for Q4_0, against 5-6 in
+// qgemv.wgsl's f32 products. The fusions and the final sum are
+// qgemv_common.wgsl's, with M = 1.
+
+// Blocks of x the workgroup holds (K / 32 at most).
+override XB: u32 = 512u;
+
+// The quants of block b of x, 32 bytes as 8 words in two vec4, and the
+// block's scale d with d times the sum of its quants.
+var<workgroup> xq: array<vec4<u32>, 2u * XB>;
+var<workgroup> xd: array<vec2<f32>, XB>;
+
+// The f16 scale `h` (16 bits) as f32 (subnormals exactly: see f16_at).
+fn half_value(h: u32) -> f32 {
+    if (h & 0x7c00u) == 0u {
+        return f16_to_f32(h);
+    }
+    return unpack2x16float(h).x;
+}
+
+// Part t of x (t = 4b + q: values 8q..8q+7 of block b), times the norm
+// weight with NORM; `ss` gets the sum of squares before the weight.
+fn x_part(t: u32, ss: ptr<function, f32>) -> array<vec4<f32>, 2> {
+    let e = (t >> 2u) * 32u + (t & 3u) * 8u;
+    var v = array<vec4<f32>, 2>(x4(p.off_x + e), x4(p.off_x + e + 4u));
+    if NORM {
+        *ss += dot(v[0], v[0]) + dot(v[1], v[1]);
+        v[0] *= g4(e);
+        v[1] *= g4(e + 4u);
+    }
+    return v;
+}
+
+// Rounds x into xq and xd, four threads a block (8 values each), and
+// returns this thread's sum of squares of x (for NORM). `partial` holds the
+// parts' largest |x| and then their sums of quants.
+fn round_x(lid: u32, blocks: u32) -> f32 {
+    var ss = 0.0;
+    for (var t0 = 0u; t0 < 4u * blocks; t0 += WG) {
+        let t = t0 + lid;
+        let live = t < 4u * blocks;
+        var v = array<vec4<f32>, 2>(vec4<f32>(0.0), vec4<f32>(0.0));
+        if live {
+            v = x_part(t, &ss);
+        }
+        let a = max(abs(v[0]), abs(v[1]));
+        partial[lid] = max(max(a.x, a.y), max(a.z, a.w));
+        workgroupBarrier();
+        let q0 = lid & ~3u;
+        let amax = max(max(partial[q0], partial[q0 + 1u]), max(partial[q0 + 2u], partial[q0 + 3u]));
+        let inv = select(0.0, 127.0 / amax, amax > 0.0);
+        let lo = vec4<i32>(round(v[0] * inv));
+        let hi = vec4<i32>(round(v[1] * inv));
+        let sum = lo + hi;
+        partial[WG + lid] = f32(sum.x + sum.y + sum.z + sum.w);
+        if live {
+            // words 2q, 2q + 1 of the block's 8
+            let b = t >> 2u;
+            let q = t & 3u;
+            let w = vec2<u32>(pack4xI8(lo), pack4xI8(hi));
+            if q < 2u {
+                xq[2u * b][2u * q] = w.x;
+                xq[2u * b][2u * q + 1u] = w.y;
+            } else {
+                xq[2u * b + 1u][2u * q - 4u] = w.x;
+                xq[2u * b + 1u][2u * q - 3u] = w.y;
+            }
+        }
+        workgroupBarrier();
+        if live && (lid & 3u) == 0u {
+            let s = partial[WG + lid] + partial[WG + lid + 1u] + partial[WG + lid + 2u] + partial[WG + lid + 3u];
+            let d = amax / 127.0;
+            xd[t >> 2u] = vec2<f32>(d, d * s);
+        }
+        workgroupBarrier();
+    }
+    return ss;
+}
+
+// The word at bytes 2..5 of (u, v): the quant words of blocks that start
+// 2 bytes past a word.
+fn funnel(u: u32, v: u32) -> u32 {
+    return (u >> 16u) | (v << 16u);
+}
+
+// Words a (the one holding the block's first byte) to a + 8 of the
+// block at byte `base`, as far as the format needs them (Q8_0: 9, else 5).
+fn block_words(base: u32) -> array<u32, 9> {
+    var w: array<u32, 9>;
+    let a = base >> 2u;
+    var n = 5u;
+    if FMT == 0u {
+        n = 9u;
+    }
+    for (var i = 0u; i < n; i++) {
+        w[i] = src_w[a + i];
+    }
+    return w;
+}
+
+// Dot product of the block at byte `base`, whose words are `w`, with x's
+// block (quants xa, xb; scale and scaled sum ds).
+fn block_dot(base: u32, w: array<u32, 9>, xa: vec4<u32>, xb: vec4<u32>, ds: vec2<f32>) -> f32 {
+    // Q8_0 and Q4_0 blocks (34 and 18 bytes) start on even bytes: at a word
+    // (scale in the low half, quants from byte 2) or 2 bytes past one
+    // (scale in the high half, quants from the next word); Q4_1's 20
+    // bytes always start on a word
+    let odd = (base & 2u) != 0u;
+    let d = half_value(select(w[0] & 0xffffu, w[0] >> 16u, odd));
+    if FMT == 0u {
+        var q: array<u32, 8>;
+        for (var i = 0u; i < 8u; i++) {
+            q[i] = select(funnel(w[i], w[i + 1u]), w[i + 1u], odd);
+        }
+        let s = dot4I8Packed(q[0], xa.x) + dot4I8Packed(q[1], xa.y) + dot4I8Packed(q[2], xa.z) + dot4I8Packed(q[3], xa.w)
+            + dot4I8Packed(q[4], xb.x) + dot4I8Packed(q[5], xb.y) + dot4I8Packed(q[6], xb.z) + dot4I8Packed(q[7], xb.w);
+        return d * ds.x * f32(s);
+    }
+    // byte j of the 16 holds value j in its low nibble, j + 16 in its high
+    var q: array<u32, 4>;
+    for (var i = 0u; i < 4u; i++) {
+        if FMT == 1u {
+            q[i] = select(funnel(w[i], w[i + 1u]), w[i + 1u], odd);
+        } else {
+            q[i] = w[i + 1u];
+        }
+    }
+    let lo = vec4<u32>(q[0], q[1], q[2], q[3]) & vec4<u32>(0x0f0f0f0fu);
+    let hi = (vec4<u32>(q[0], q[1], q[2], q[3]) >> vec4<u32>(4u)) & vec4<u32>(0x0f0f0f0fu);
+    let s = f32(dot4I8Packed(lo.x, xa.x) + dot4I8Packed(lo.y, xa.y) + dot4I8Packed(lo.z, xa.z) + dot4I8Packed(lo.w, xa.w)
+        + dot4I8Packed(hi.x, xb.x) + dot4I8Packed(hi.y, xb.y) + dot4I8Packed(hi.z, xb.z) + dot4I8Packed(hi.w, xb.w));
+    if FMT == 1u {
+        // values d (u - 8)
+        return d * (ds.x * s - 8.0 * ds.y);
+    }
+    // Q4_1: values d u + m
+    return fma(d * ds.x, s, half_value(w[0] >> 16u) * ds.y);
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let lane = lid % LANES;
+    let col0 = (group_index(wid, nwg) * (WG / LANES) + lid / LANES) * OC;
+    let blocks = p.k / 32u;
+    let live = col0 < p.n;
+    // the first blocks' words are fetched before x is rounded, the next
+    // ones' before this ones' products: loads in flight while the thread
+    // works
+    var bases: array<u32, 4>;
+    for (var c = 0u; c < R; c++) {
+        bases[c] = weight_row(col0, c) * p.row_bytes;
+    }
+    var next: array<array<u32, 9>, 4>;
+    if live && lane < blocks {
+        for (var c = 0u; c < R; c++) {
+            next[c] = block_words(bases[c] + lane * block_bytes());
+        }
+    }
+    let ss = round_x(lid, blocks);
+    if NORM {
+        partial[lid] = ss;
+        workgroupBarrier();
+        for (var s = WG / 2u; s > 0u; s >>= 1u) {
+            if lid < s {
+                partial[lid] += partial[lid + s];
+            }
+            workgroupBarrier();
+        }
+        if lid == 0u {
+            inv_rms[0] = inverseSqrt(partial[0] / f32(p.k) + bitcast<f32>(p.eps));
+        }
+        workgroupBarrier();
+    }
+    var acc: array<f32, 8>;
+    if live {
+        for (var b = lane; b < blocks; b += LANES) {
+            let cur = next;
+            if b + LANES < blocks {
+                for (var c = 0u; c < R; c++) {
+                    next[c] = block_words(bases[c] + (b + LANES) * block_bytes());
+                }
+            }
+            let xa = xq[2u * b];
+            let xb = xq[2u * b + 1u];
+            let ds = xd[b];
+            for (var c = 0u; c < R; c++) {
+                acc[c] += block_dot(bases[c] + b * block_bytes(), cur[c], xa, xb, ds);
+            }
+        }
+    }
+    finish(lid, lane, col0, acc);
+}
