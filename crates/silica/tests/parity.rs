@@ -876,6 +876,13 @@ fn every_op_matches_the_cpu_on_every_gpu() {
     // up to Σ|w|·amax(x)/254 per output, exceeds these tolerances)
     silica::set_cpu_int8_activations(false);
     let devices = common::gpu_devices();
+    // and the GPUs' exact decode products (tests/quant.rs checks their
+    // 8-bit ones, the default through Vulkan, against the same bound)
+    for dev in &devices {
+        if let Device::Gpu(g) = dev {
+            g.set_int8_activations(false);
+        }
+    }
     let mut cases = all_cases();
     // SILICA_PARITY_FILTER=attention: only the cases whose name contains it
     if let Ok(f) = std::env::var("SILICA_PARITY_FILTER") {
