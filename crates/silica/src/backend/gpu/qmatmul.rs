@@ -335,7 +335,8 @@ const I8_BLOCK_BYTES: usize = 32 + 8;
 
 /// The blocks of x that qgemv_i8 holds for a product of `m` rows of x with
 /// rows of `k` values in `format`, or `None` where the f32 GEMV takes it:
-/// the device allows 8-bit activations (`gemv8`),
+/// the device allows 8-bit activations (`gemv8`) and has subgroups of 4
+/// or more (the rounding of x shares values among 4 threads),
 /// one row of x (decode), a format whose blocks are whole groups of 32
 /// bytes or nibbles with one scale (Q8_0, Q4_0, Q4_1), and x's blocks fit
 /// the workgroup memory. Two sizes of the buffer (128 and 512 blocks: K up
@@ -349,7 +350,7 @@ fn integer_gemv(
     k: usize,
 ) -> Option<usize> {
     let formats = [QuantFormat::Q8_0, QuantFormat::Q4_0, QuantFormat::Q4_1];
-    if m != 1 || !formats.contains(&format) || !gemv8.int8 {
+    if m != 1 || !formats.contains(&format) || !gemv8.int8 || !ctx.subgroups4() {
         return None;
     }
     let blocks = k / 32;
