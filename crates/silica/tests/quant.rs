@@ -34,6 +34,12 @@ fn rel_err(a: &[f32], b: &[f32]) -> f64 {
     worst / scale.max(f64::MIN_POSITIVE)
 }
 
+/// Formats whose GPU decode product quantizes x to 8 bits with 8-bit
+/// activations on (`GpuDevice::int8_activations`).
+fn gpu_int8_activations(format: QuantFormat) -> bool {
+    int8_activations(format) || format == QuantFormat::Q4_K
+}
+
 /// Formats whose CPU product quantizes x to 8 bits (as llama.cpp does).
 fn int8_activations(format: QuantFormat) -> bool {
     matches!(
@@ -118,10 +124,12 @@ fn matmul_q_matches_the_dequantized_reference() {
                 // be off by up to Σ |w| · amax / 254 over the blocks
                 // (the same on a GPU with 8-bit activations, for one row)
                 let rounds = match &dev {
-                    Device::Cpu => silica::cpu_int8_activations(),
-                    Device::Gpu(g) => g.int8_activations() && m == 1,
+                    Device::Cpu => silica::cpu_int8_activations() && int8_activations(format),
+                    Device::Gpu(g) => {
+                        g.int8_activations() && m == 1 && gpu_int8_activations(format)
+                    }
                 };
-                let slack = if rounds && int8_activations(format) {
+                let slack = if rounds {
                     let (xv, wv): (Vec<f32>, Vec<f32>) =
                         (xc.to_vec().unwrap(), wd.to_vec().unwrap());
                     rounding_bound(&xv, &wv, m, n, k)
@@ -174,7 +182,7 @@ fn cpu_int8_activations_switch() {
 }
 
 /// `GpuDevice::set_int8_activations`: on every GPU adapter, decode's
-/// Q4_0/Q4_1/Q8_0 products with x rounded to 8 bits (qgemv_i8) within the
+/// Q4_0/Q4_1/Q8_0/Q4_K products with x rounded to 8 bits (qgemv_i8) within the
 /// rounding bound of the exact product, over widths with rows that start
 /// 2 bytes past a word (an odd number of 18- or 34-byte blocks), both
 /// sizes of the kernel's buffer for x (K up to 4,096 and past it) and
@@ -185,8 +193,18 @@ fn gpu_int8_activations_stay_within_the_rounding_bound() {
     for dev in common::gpu_devices() {
         let Device::Gpu(g) = &dev else { continue };
         let before = g.int8_activations();
-        for format in [QuantFormat::Q4_0, QuantFormat::Q4_1, QuantFormat::Q8_0] {
-            for (n, k) in [(9, 288), (70, 512), (3, 4128), (2050, 64)] {
+        for format in [
+            QuantFormat::Q4_0,
+            QuantFormat::Q4_1,
+            QuantFormat::Q8_0,
+            QuantFormat::Q4_K,
+        ] {
+            let shapes: &[(usize, usize)] = if format == QuantFormat::Q4_K {
+                &[(9, 256), (70, 768), (3, 4352), (2050, 256)]
+            } else {
+                &[(9, 288), (70, 512), (3, 4128), (2050, 64)]
+            };
+            for &(n, k) in shapes {
                 let w = QTensor::random(format, &[n, k], 21, &dev).unwrap();
                 let wd = w
                     .dequantize(DType::F32)
@@ -448,14 +466,10 @@ fn fused_products_match_their_definition() {
                     // the CPU rounds the normed rows to 8 bits for these
                     // formats, a GPU its one row with 8-bit activations on
                     let rounds = match dev {
-                        Device::Cpu => silica::cpu_int8_activations(),
-                        _ => gpu_int8 && rows == 1,
+                        Device::Cpu => silica::cpu_int8_activations() && int8_activations(format),
+                        _ => gpu_int8 && rows == 1 && gpu_int8_activations(format),
                     };
-                    let h = if rounds && int8_activations(format) {
-                        rounded_to_8_bits(&h)
-                    } else {
-                        h
-                    };
+                    let h = if rounds { rounded_to_8_bits(&h) } else { h };
                     let dot = |j: usize| -> f64 {
                         h.iter()
                             .zip(&wd[j * k..(j + 1) * k])

@@ -248,7 +248,7 @@ impl GpuDevice {
         self.check.store(on, Ordering::Relaxed);
     }
 
-    /// Whether decode's products with Q4_0, Q4_1 and Q8_0 weights (one row
+    /// Whether decode's products with Q4_0, Q4_1, Q8_0 and Q4_K weights (one row
     /// of activations, K up to 16,384) round the activations to 8 bits per
     /// block of 32 and multiply with packed integer dot products, as
     /// llama.cpp's GPU backends do; the exact f32 kernel otherwise. Each

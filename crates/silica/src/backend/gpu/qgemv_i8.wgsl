@@ -1,5 +1,5 @@
-// qgemv_i8.wgsl — dst = x @ wᵀ for one row of x (decode), w in Q8_0, Q4_0
-// or Q4_1, with integer dot products of 4 bytes (`dot4I8Packed`, one
+// qgemv_i8.wgsl — dst = x @ wᵀ for one row of x (decode), w in Q8_0, Q4_0,
+// Q4_1 or Q4_K, with integer dot products of 4 bytes (`dot4I8Packed`, one
 // instruction where the driver has them: dp4a on NVIDIA). Every workgroup
 // first rounds x to 8 bits per block of 32 into workgroup memory, as
 // GGML's Q8_0 does (scale max |x| / 127), four threads a block (the
@@ -10,7 +10,8 @@
 // (Q8_0's bytes, or Q4_0/Q4_1's low and high nibbles against x's first
 // and second 16 values), scaled once. A lane fetches its next blocks'
 // words before it works on the current ones (the first ones before x is
-// rounded). About 1.4 operations a weight for Q4_0, against 5-6 in
+// rounded). Q4_K's lanes take a pair of groups (32 bytes of nibbles) at a
+// time. About 1.4 operations a weight for Q4_0, against 5-6 in
 // qgemv.wgsl's f32 products. The fusions and the final sum are
 // qgemv_common.wgsl's, with M = 1.
 
@@ -94,11 +95,41 @@ fn funnel(u: u32, v: u32) -> u32 {
     return (u >> 16u) | (v << 16u);
 }
 
-// Words a (the one holding the block's first byte) to a + 8 of the
-// block at byte `base`, as far as the format needs them (Q8_0: 9, else 5).
-fn block_words(base: u32) -> array<u32, 9> {
-    var w: array<u32, 9>;
+// A lane's unit of work in a weight row: a block of the simple formats
+// (32 values), a pair of Q4_K's groups (64 values, 32 bytes of nibbles:
+// the low ones are the first group, the high ones the second).
+fn unit_blocks() -> u32 {
+    if FMT == 5u {
+        return 2u;
+    }
+    return 1u;
+}
+
+// Byte offset in its row of the block that holds unit u.
+fn unit_block(u: u32) -> u32 {
+    if FMT == 5u {
+        return (u >> 2u) * 144u;
+    }
+    return u * block_bytes();
+}
+
+// The words that unit u of the block at byte `base` needs: words a (the
+// one holding the block's first byte) to a + 8 (Q8_0; 5 for Q4_0, Q4_1),
+// or Q4_K's d and dmin, its 12 scale bytes and the unit's 8 words of
+// nibbles.
+fn unit_words(base: u32, u: u32) -> array<u32, 12> {
+    var w: array<u32, 12>;
     let a = base >> 2u;
+    if FMT == 5u {
+        for (var i = 0u; i < 4u; i++) {
+            w[i] = src_w[a + i];
+        }
+        let at = a + 4u + 8u * (u & 3u);
+        for (var i = 0u; i < 8u; i++) {
+            w[4u + i] = src_w[at + i];
+        }
+        return w;
+    }
     var n = 5u;
     if FMT == 0u {
         n = 9u;
@@ -109,15 +140,75 @@ fn block_words(base: u32) -> array<u32, 9> {
     return w;
 }
 
-// Dot product of the block at byte `base`, whose words are `w`, with x's
-// block (quants xa, xb; scale and scaled sum ds).
-fn block_dot(base: u32, w: array<u32, 9>, xa: vec4<u32>, xb: vec4<u32>, ds: vec2<f32>) -> f32 {
+// x's blocks of one unit: quants (two vec4 a block) and (scale, scale
+// times the sum of quants).
+struct XUnit {
+    q: array<vec4<u32>, 4>,
+    d: array<vec2<f32>, 2>,
+}
+
+fn x_unit(u: u32) -> XUnit {
+    var x: XUnit;
+    let b = u * unit_blocks();
+    for (var i = 0u; i < unit_blocks(); i++) {
+        x.q[2u * i] = xq[2u * (b + i)];
+        x.q[2u * i + 1u] = xq[2u * (b + i) + 1u];
+        x.d[i] = xd[b + i];
+    }
+    return x;
+}
+
+// Integer dot product of 4 words of nibbles (mask m after a shift by sh)
+// with a vec4 of x's quants.
+fn nib_dot(w: vec4<u32>, sh: u32, x: vec4<u32>) -> i32 {
+    let v = (w >> vec4<u32>(sh)) & vec4<u32>(0x0f0f0f0fu);
+    return dot4I8Packed(v.x, x.x) + dot4I8Packed(v.y, x.y) + dot4I8Packed(v.z, x.z) + dot4I8Packed(v.w, x.w);
+}
+
+// Byte i (0..3) of word w.
+fn byte_of(w: u32, i: u32) -> u32 {
+    return (w >> (8u * i)) & 0xffu;
+}
+
+// Dot product of unit u, whose block starts at byte `base` and whose words
+// are `w`, with x's blocks.
+fn unit_dot(base: u32, u: u32, w: array<u32, 12>, x: XUnit) -> f32 {
+    if FMT == 5u {
+        // groups g = 2j, 2j + 1 of the block (j = u % 4): 6-bit scales
+        // and minimums as in quant_blocks.wgsl's scale_min_k4
+        let j = u & 3u;
+        let d = vec2<f32>(half_value(w[0] & 0xffffu), half_value(w[0] >> 16u));
+        var sc: vec2<f32>;
+        var mn: vec2<f32>;
+        for (var i = 0u; i < 2u; i++) {
+            let g = 2u * j + i;
+            if g < 4u {
+                sc[i] = f32(byte_of(w[1], g) & 63u);
+                mn[i] = f32(byte_of(w[2], g) & 63u);
+            } else {
+                let h = g - 4u;
+                let hi = byte_of(w[3], h);
+                sc[i] = f32((hi & 15u) | ((byte_of(w[1], h) >> 6u) << 4u));
+                mn[i] = f32((hi >> 4u) | ((byte_of(w[2], h) >> 6u) << 4u));
+            }
+        }
+        let q0 = vec4<u32>(w[4], w[5], w[6], w[7]);
+        let q1 = vec4<u32>(w[8], w[9], w[10], w[11]);
+        let s0 = f32(nib_dot(q0, 0u, x.q[0]) + nib_dot(q1, 0u, x.q[1]));
+        let s1 = f32(nib_dot(q0, 4u, x.q[2]) + nib_dot(q1, 4u, x.q[3]));
+        let prod = sc[0] * x.d[0].x * s0 + sc[1] * x.d[1].x * s1;
+        let offs = mn[0] * x.d[0].y + mn[1] * x.d[1].y;
+        return d.x * prod - d.y * offs;
+    }
     // Q8_0 and Q4_0 blocks (34 and 18 bytes) start on even bytes: at a word
     // (scale in the low half, quants from byte 2) or 2 bytes past one
     // (scale in the high half, quants from the next word); Q4_1's 20
     // bytes always start on a word
     let odd = (base & 2u) != 0u;
     let d = half_value(select(w[0] & 0xffffu, w[0] >> 16u, odd));
+    let xa = x.q[0];
+    let xb = x.q[1];
+    let ds = x.d[0];
     if FMT == 0u {
         var q: array<u32, 8>;
         for (var i = 0u; i < 8u; i++) {
@@ -136,10 +227,8 @@ fn block_dot(base: u32, w: array<u32, 9>, xa: vec4<u32>, xb: vec4<u32>, ds: vec2
             q[i] = w[i + 1u];
         }
     }
-    let lo = vec4<u32>(q[0], q[1], q[2], q[3]) & vec4<u32>(0x0f0f0f0fu);
-    let hi = (vec4<u32>(q[0], q[1], q[2], q[3]) >> vec4<u32>(4u)) & vec4<u32>(0x0f0f0f0fu);
-    let s = f32(dot4I8Packed(lo.x, xa.x) + dot4I8Packed(lo.y, xa.y) + dot4I8Packed(lo.z, xa.z) + dot4I8Packed(lo.w, xa.w)
-        + dot4I8Packed(hi.x, xb.x) + dot4I8Packed(hi.y, xb.y) + dot4I8Packed(hi.z, xb.z) + dot4I8Packed(hi.w, xb.w));
+    let qv = vec4<u32>(q[0], q[1], q[2], q[3]);
+    let s = f32(nib_dot(qv, 0u, xa) + nib_dot(qv, 4u, xb));
     if FMT == 1u {
         // values d (u - 8)
         return d * (ds.x * s - 8.0 * ds.y);
@@ -153,18 +242,19 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let lane = lid % LANES;
     let col0 = (group_index(wid, nwg) * (WG / LANES) + lid / LANES) * OC;
     let blocks = p.k / 32u;
+    let units = blocks / unit_blocks();
     let live = col0 < p.n;
-    // the first blocks' words are fetched before x is rounded, the next
+    // the first units' words are fetched before x is rounded, the next
     // ones' before this ones' products: loads in flight while the thread
     // works
-    var bases: array<u32, 4>;
+    var rows: array<u32, 4>;
     for (var c = 0u; c < R; c++) {
-        bases[c] = weight_row(col0, c) * p.row_bytes;
+        rows[c] = weight_row(col0, c) * p.row_bytes;
     }
-    var next: array<array<u32, 9>, 4>;
-    if live && lane < blocks {
+    var next: array<array<u32, 12>, 4>;
+    if live && lane < units {
         for (var c = 0u; c < R; c++) {
-            next[c] = block_words(bases[c] + lane * block_bytes());
+            next[c] = unit_words(rows[c] + unit_block(lane), lane);
         }
     }
     let ss = round_x(lid, blocks);
@@ -184,18 +274,18 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
     var acc: array<f32, 8>;
     if live {
-        for (var b = lane; b < blocks; b += LANES) {
+        for (var u = lane; u < units; u += LANES) {
             let cur = next;
-            if b + LANES < blocks {
+            let after = u + LANES;
+            if after < units {
                 for (var c = 0u; c < R; c++) {
-                    next[c] = block_words(bases[c] + (b + LANES) * block_bytes());
+                    next[c] = unit_words(rows[c] + unit_block(after), after);
                 }
             }
-            let xa = xq[2u * b];
-            let xb = xq[2u * b + 1u];
-            let ds = xd[b];
+            let x = x_unit(u);
             for (var c = 0u; c < R; c++) {
-                acc[c] += block_dot(bases[c] + b * block_bytes(), cur[c], xa, xb, ds);
+                let base = rows[c] + unit_block(u);
+                acc[c] += unit_dot(base, u, cur[c], x);
             }
         }
     }

@@ -323,6 +323,15 @@ pub(crate) struct Gemv8 {
     pub int8: bool,
 }
 
+/// The formats qgemv_i8 multiplies: those whose groups of 32 have one
+/// scale (and minimum), in nibbles or bytes.
+pub(crate) fn integer_format(format: QuantFormat) -> bool {
+    matches!(
+        format,
+        QuantFormat::Q8_0 | QuantFormat::Q4_0 | QuantFormat::Q4_1 | QuantFormat::Q4_K
+    )
+}
+
 /// Lanes per weight row of qgemv_i8 (each takes whole blocks).
 const I8_LANES: usize = 32;
 
@@ -337,8 +346,7 @@ const I8_BLOCK_BYTES: usize = 32 + 8;
 /// rows of `k` values in `format`, or `None` where the f32 GEMV takes it:
 /// the device allows 8-bit activations (`gemv8`) and has subgroups of 4
 /// or more (the rounding of x shares values among 4 threads),
-/// one row of x (decode), a format whose blocks are whole groups of 32
-/// bytes or nibbles with one scale (Q8_0, Q4_0, Q4_1), and x's blocks fit
+/// one row of x (decode), a format of `integer_format`, and x's blocks fit
 /// the workgroup memory. Two sizes of the buffer (128 and 512 blocks: K up
 /// to 4,096 and to 16,384), so that the small one leaves room for more
 /// workgroups and few pipelines are built.
@@ -349,8 +357,7 @@ fn integer_gemv(
     m: usize,
     k: usize,
 ) -> Option<usize> {
-    let formats = [QuantFormat::Q8_0, QuantFormat::Q4_0, QuantFormat::Q4_1];
-    if m != 1 || !formats.contains(&format) || !gemv8.int8 || !ctx.subgroups4() {
+    if m != 1 || !integer_format(format) || !gemv8.int8 || !ctx.subgroups4() {
         return None;
     }
     let blocks = k / 32;
@@ -449,11 +456,7 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
                     QuantFormat::Q4_0 | QuantFormat::Q4_K => 1..8u32,
                     _ => 0..0,
                 };
-                let integer_format = matches!(
-                    format,
-                    QuantFormat::Q8_0 | QuantFormat::Q4_0 | QuantFormat::Q4_1
-                );
-                if integer_format {
+                if integer_format(format) {
                     for xb in [128, 512] {
                         out.push(integer(rows(1), QFusion::NONE, xb));
                         out.push(integer(gemv_rows(1, GEMV_FEW_COLUMNS), QFusion::NONE, xb));
@@ -466,7 +469,7 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
                         residual: bits & 4 != 0,
                     };
                     out.push(gemv(1, rows(1), 32, fusion));
-                    if integer_format {
+                    if integer_format(format) {
                         out.push(integer(rows(1), fusion, 128));
                     }
                     if fusion.swiglu {
