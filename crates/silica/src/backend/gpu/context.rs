@@ -223,9 +223,6 @@ pub(crate) struct Context {
     /// and take integer dot products (qgemv_i8.wgsl): see `integer_dots`
     /// and `GpuDevice::int8_activations`.
     pub integer_gemv: AtomicBool,
-    /// Subgroup operations with subgroups of 4 threads or more (what
-    /// qgemv_i8 needs).
-    subgroups4: bool,
     max_groups: u32,
     workgroup_memory: u32,
     /// Dispatches per submitted batch (see SUBMIT_EVERY).
@@ -432,8 +429,6 @@ impl Context {
             subgroup_rows,
             forced_matmul: Mutex::new(None),
             integer_gemv: AtomicBool::new(integer_dots(adapter)),
-            subgroups4: features.contains(wgpu::Features::SUBGROUP)
-                && adapter.get_info().subgroup_min_size >= 4,
             max_groups: limits.max_compute_workgroups_per_dimension,
             workgroup_memory: limits.max_compute_workgroup_storage_size,
             submit_every: std::env::var("SILICA_SUBMIT_EVERY")
@@ -997,12 +992,6 @@ impl Context {
         if let Err(e) = spawned {
             tracing::debug!("no thread to parse kernels ahead: {e}");
         }
-    }
-
-    /// Whether kernels may take subgroup operations among 4 neighbouring
-    /// threads (see `subgroups4`).
-    pub fn subgroups4(&self) -> bool {
-        self.subgroups4
     }
 
     pub fn coop8(&self) -> bool {

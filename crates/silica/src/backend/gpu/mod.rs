@@ -254,10 +254,9 @@ impl GpuDevice {
     /// llama.cpp's GPU backends do; the exact f32 kernel otherwise. Each
     /// output may then differ from the exact product by up to `Σ |w| ·
     /// amax(x) / 254` over the blocks of 32, the bound of
-    /// [`crate::cpu_int8_activations`]. Taken where the adapter has
-    /// subgroup operations (4 threads wide or more); on by default on GPUs
-    /// through Vulkan (whose drivers run a packed dot product as one
-    /// instruction), off elsewhere; `SILICA_INTEGER_GEMV=1` or `0` decides at device open.
+    /// [`crate::cpu_int8_activations`]. On by default on GPUs through Vulkan
+    /// (whose drivers run a packed dot product as one instruction), off
+    /// elsewhere; `SILICA_INTEGER_GEMV=1` or `0` decides at device open.
     /// Check mode (`SILICA_CHECK`) takes the exact kernel whatever this says.
     pub fn int8_activations(&self) -> bool {
         self.ctx.integer_gemv.load(Ordering::Relaxed)

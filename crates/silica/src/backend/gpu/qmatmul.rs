@@ -344,8 +344,7 @@ const I8_BLOCK_BYTES: usize = 32 + 8;
 
 /// The blocks of x that qgemv_i8 holds for a product of `m` rows of x with
 /// rows of `k` values in `format`, or `None` where the f32 GEMV takes it:
-/// the device allows 8-bit activations (`gemv8`) and has subgroups of 4
-/// or more (the rounding of x shares values among 4 threads),
+/// the device allows 8-bit activations (`gemv8`),
 /// one row of x (decode), a format of `integer_format`, and x's blocks fit
 /// the workgroup memory. Two sizes of the buffer (128 and 512 blocks: K up
 /// to 4,096 and to 16,384), so that the small one leaves room for more
@@ -357,7 +356,7 @@ fn integer_gemv(
     m: usize,
     k: usize,
 ) -> Option<usize> {
-    if m != 1 || !integer_format(format) || !gemv8.int8 || !ctx.subgroups4() {
+    if m != 1 || !integer_format(format) || !gemv8.int8 {
         return None;
     }
     let blocks = k / 32;
