@@ -219,7 +219,7 @@ pub(crate) struct Context {
     coop8: bool,
     /// Test hook: the matmul kernel to use whatever the shape.
     pub forced_matmul: Mutex<Option<&'static str>>,
-    /// Decode GEMVs of Q8_0, Q4_0 and Q4_1 weights may round x to 8 bits
+    /// Decode GEMVs of Q8_0, Q4_0, Q4_1 and Q4_K weights may round x to 8 bits
     /// and take integer dot products (qgemv_i8.wgsl): see `integer_dots`
     /// and `GpuDevice::int8_activations`.
     pub integer_gemv: AtomicBool,

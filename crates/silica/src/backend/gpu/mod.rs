@@ -433,8 +433,7 @@ impl GpuDevice {
             Op::QMatmul { format, fusion } => {
                 // check mode compares with the CPU's exact products
                 let int8 = self.int8_activations() && !self.check_mode();
-                let gemv = qmatmul::Gemv8 { int8 };
-                qmatmul::qmatmul(c, format, fusion, gemv, inputs, out_shape, &out, out_dtype)?
+                qmatmul::qmatmul(c, format, fusion, int8, inputs, out_shape, &out, out_dtype)?
             }
             Op::RmsNorm { eps } => nn::norm(c, inputs[0], inputs[1], None, eps, &out, out_dtype)?,
             Op::LayerNorm { eps } => nn::norm(

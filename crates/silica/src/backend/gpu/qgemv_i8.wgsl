@@ -250,14 +250,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     // the first units' words are fetched before x is rounded, the next
     // ones' before this ones' products: loads in flight while the thread
     // works
-    var rows: array<u32, 4>;
+    // byte offsets of the weight rows
+    var row_at: array<u32, 4>;
     for (var c = 0u; c < R; c++) {
-        rows[c] = weight_row(col0, c) * p.row_bytes;
+        row_at[c] = weight_row(col0, c) * p.row_bytes;
     }
     var next: array<array<u32, 12>, 4>;
     if live && lane < units {
         for (var c = 0u; c < R; c++) {
-            next[c] = unit_words(rows[c] + unit_block(lane), lane);
+            next[c] = unit_words(row_at[c] + unit_block(lane), lane);
         }
     }
     let ss = round_x(lid, blocks);
@@ -282,12 +283,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             let after = u + LANES;
             if after < units {
                 for (var c = 0u; c < R; c++) {
-                    next[c] = unit_words(rows[c] + unit_block(after), after);
+                    next[c] = unit_words(row_at[c] + unit_block(after), after);
                 }
             }
             let x = x_unit(u);
             for (var c = 0u; c < R; c++) {
-                let base = rows[c] + unit_block(u);
+                let base = row_at[c] + unit_block(u);
                 acc[c] += unit_dot(base, u, cur[c], x);
             }
         }

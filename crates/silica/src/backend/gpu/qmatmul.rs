@@ -181,13 +181,14 @@ fn output_columns(rows: usize, fusion: QFusion) -> usize {
 
 /// `x @ wᵀ` (inputs as for `Op::QMatmul`), with the fusions of the GEMV
 /// kernel; a fusion it cannot do is `NotSupported` (the op layer runs
-/// those as separate ops).
+/// those as separate ops). `int8`: decode may round x to 8 bits
+/// (qgemv_i8).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn qmatmul(
     ctx: &Context,
     format: QuantFormat,
     fusion: QFusion,
-    gemv8: Gemv8,
+    int8: bool,
     inputs: &[&Tensor],
     out_shape: &[usize],
     out: &GpuBuffer,
@@ -212,32 +213,20 @@ pub(crate) fn qmatmul(
     }
     let row_bytes = format.bytes_for(k);
     let max = ctx.max_groups() as usize;
-    let (kernel, grid, gemv) = if let Some(xb) = integer_gemv(ctx, gemv8, format, m, k) {
-        // as the f32 kernel: 4 weight rows per lane set, 2 for outputs of
-        // up to 2,048 columns (H100: 2 up to 4,096 columns took the 7B
-        // down product from 14.0 to 19.5 µs, 4 everywhere the 1B down
-        // product from 9.1 to 11-12 µs)
+    let (kernel, grid, gemv) = if m <= GEMV_MAX_M {
+        // qgemv_i8 where the device allows 8-bit activations, else the f32
+        // kernel. Both take 4 weight rows per lane set, 2 for outputs of up
+        // to 2,048 columns; SwiGLU keeps 4 (its products were not measured
+        // with 2). For qgemv_i8 on an H100, 2 rows up to 4,096 columns took
+        // the 7B down product from 14.0 to 19.5 µs, 4 everywhere the 1B
+        // down product from 9.1 to 11-12 µs.
+        let x_blocks = integer_gemv(ctx, int8, format, m, k);
         let rows = gemv_rows(m, if fusion.swiglu { usize::MAX } else { n });
         let oc = output_columns(rows, fusion);
-        let groups = n.div_ceil(256 / I8_LANES * oc);
-        let gemv = Gemv {
-            m,
-            rows,
-            lanes: I8_LANES,
-            fusion,
-            residual: x.dtype(),
-            x_blocks: Some(xb),
+        let lanes = match x_blocks {
+            Some(_) => I8_LANES,
+            None => gemv_lanes(n, k, oc),
         };
-        (
-            &QGEMV_I8,
-            [groups.min(max), groups.div_ceil(max), 1],
-            Some(gemv),
-        )
-    } else if m <= GEMV_MAX_M {
-        // SwiGLU keeps 4 rows (its products were not measured with 2)
-        let rows = gemv_rows(m, if fusion.swiglu { usize::MAX } else { n });
-        let oc = output_columns(rows, fusion);
-        let lanes = gemv_lanes(n, k, oc);
         let groups = n.div_ceil(256 / lanes * oc);
         let gemv = Gemv {
             m,
@@ -245,10 +234,15 @@ pub(crate) fn qmatmul(
             lanes,
             fusion,
             residual: x.dtype(),
-            x_blocks: None,
+            x_blocks,
+        };
+        let kernel = if x_blocks.is_some() {
+            &QGEMV_I8
+        } else {
+            &QGEMV
         };
         (
-            &QGEMV,
+            kernel,
             [groups.min(max), groups.div_ceil(max), 1],
             Some(gemv),
         )
@@ -316,13 +310,6 @@ struct Gemv {
     x_blocks: Option<usize>,
 }
 
-/// What the device allows the GEMVs: `int8`, activations rounded to 8
-/// bits (qgemv_i8, see `GpuDevice::int8_activations`).
-#[derive(Clone, Copy)]
-pub(crate) struct Gemv8 {
-    pub int8: bool,
-}
-
 /// The formats qgemv_i8 multiplies: those whose groups of 32 have one
 /// scale (and minimum), in nibbles or bytes.
 pub(crate) fn integer_format(format: QuantFormat) -> bool {
@@ -344,19 +331,19 @@ const I8_BLOCK_BYTES: usize = 32 + 8;
 
 /// The blocks of x that qgemv_i8 holds for a product of `m` rows of x with
 /// rows of `k` values in `format`, or `None` where the f32 GEMV takes it:
-/// the device allows 8-bit activations (`gemv8`),
-/// one row of x (decode), a format of `integer_format`, and x's blocks fit
+/// the device allows 8-bit activations (`int8`, see
+/// `GpuDevice::int8_activations`), one row of x (decode), a format of `integer_format`, and x's blocks fit
 /// the workgroup memory. Two sizes of the buffer (128 and 512 blocks: K up
 /// to 4,096 and to 16,384), so that the small one leaves room for more
 /// workgroups and few pipelines are built.
 fn integer_gemv(
     ctx: &Context,
-    gemv8: Gemv8,
+    int8: bool,
     format: QuantFormat,
     m: usize,
     k: usize,
 ) -> Option<usize> {
-    if m != 1 || !integer_format(format) || !gemv8.int8 {
+    if !int8 || m != 1 || !integer_format(format) {
         return None;
     }
     let blocks = k / 32;
