@@ -106,6 +106,12 @@ fn every_kernel_translates_to_msl_and_spirv() {
             let words = spv::write_vec(&m, &i, &spv::Options::default(), Some(&spv_pipeline))
                 .unwrap_or_else(|e| panic!("{what}: SPIR-V: {e}"));
             assert_eq!(words[0], 0x0723_0203, "{what}: not SPIR-V");
+            // SILICA_DUMP_SPIRV=DIR keeps each kernel's SPIR-V (its last
+            // specialization), for spirv-dis
+            if let Ok(dir) = std::env::var("SILICA_DUMP_SPIRV") {
+                let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+                std::fs::write(format!("{dir}/{}.spv", kernel.name), bytes).unwrap();
+            }
             count += 1;
         }
     }
