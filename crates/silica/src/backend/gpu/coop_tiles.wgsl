@@ -1,13 +1,27 @@
 // coop_tiles.wgsl — the loop of the tiled cooperative-matrix kernels
 // (matmul_coop_vec.wgsl, qmatmul_coop.wgsl): dst[z] = a[z] @ b[z] for f16
-// operands, f32 accumulation. A workgroup of 4 subgroups of 32 computes a
-// 128x128 tile of dst, each subgroup a 64x64 block of 4x4 fragments of
+// operands, f32 accumulation. A workgroup of 8 subgroups of 32 computes a
+// 128x128 tile of dst, each subgroup a 32x64 block of 2x4 fragments of
 // 16x16. Per step of 32 along k the workgroup copies a 128x32 slice of a
 // and a 32x128 slice of b into workgroup memory, as runs of 8 halves, and
 // each subgroup loads its fragments from there. The tiles are
-// double-buffered: the next step's runs are fetched into registers before
-// this step's products and stored after them, so one barrier per step
-// suffices.
+// double-buffered, and the runs are fetched into registers two steps
+// ahead of their products: while step t's products run, step t + 1's runs
+// (fetched during step t - 1) wait in registers and step t + 2's are in
+// flight. The loop takes two steps a round, one register set each, so
+// that no fetched run is copied between registers (a copy would wait for
+// its load). One barrier a step.
+//
+// On an H100 (4096^3 f16) the loads from memory were the limit: the
+// products alone ran at 459 TFLOP/s, with the fragment loads at 407,
+// with the barriers at 353, and the whole kernel at 92 when it had 4
+// subgroups of 4x4 fragments and fetched one step ahead. 8 subgroups,
+// the fetch two steps ahead, the tiles' order below and 16-byte loads
+// (halves8.wgsl) brought it to 163.
+//
+// Workgroups take the tiles in bands of 8 tile rows, column by column
+// within a band, so that those running together share their slices of a
+// and b in the L2 cache.
 //
 // The tiles are typed vec4<f16>: naga gives a cooperative load the scalar
 // type of its pointer, so they cannot be words, and a cooperative load
@@ -18,9 +32,10 @@
 //
 // The kernel file provides `origins(z)` (the element offsets of a[z] and
 // b[z]), `fetch_a` and `fetch_b` (run g, 0..511, of the step's slices, as
-// a mat2x4<f16>) and `put_b` (a fetched run into stage s of tile_b; a's
-// runs go in by put_a). Rows and columns past the edges are fetched
-// clamped to the last ones and not written. The store is coop_store.wgsl's.
+// a mat2x4<f16>; zeros for a step at or past K) and `put_b` (a fetched
+// run into stage s of tile_b; a's runs go in by put_a). Rows and columns
+// past the edges are fetched clamped to the last ones and not written.
+// The store is coop_store.wgsl's.
 
 // 1: b's tile is n-major like a's (k contiguous); 2: k-major.
 override B_MODE: u32 = 1u;
@@ -34,12 +49,12 @@ const PN: u32 = 34u;
 // vec4 slots per stage: a's [128][PK], or b's, the larger layout.
 const STAGE: u32 = max(128u * PK, TK * PN);
 
-// Two stages each; 45,056 bytes in all with the scratch, every variable a
+// Two stages each; 49,152 bytes in all with the scratch, every variable a
 // multiple of 16 bytes (NVIDIA places them back to back, and a fragment
 // load from an address that is not a multiple of 16 bytes reads wrongly).
 var<workgroup> tile_a: array<vec4<f16>, 2u * STAGE>;
 var<workgroup> tile_b: array<vec4<f16>, 2u * STAGE>;
-var<workgroup> scratch: array<f32, 1024>; // [4 subgroups][16 * 16]
+var<workgroup> scratch: array<f32, 2048>; // [8 subgroups][16 * 16]
 
 const ZERO8 = mat2x4<f16>(vec4<f16>(0.0h), vec4<f16>(0.0h));
 
@@ -66,17 +81,22 @@ fn frag_b(s: u32, c: u32, ks: u32) -> FragB {
     return coopLoadT<FragB>(&tile_b[at], PN);
 }
 
-@compute @workgroup_size(128)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let z = wid.z;
     let origin = origins(z);
     let a0 = origin.x;
     let b0 = origin.y;
     let sg = lid / 32u;
     let lane = lid % 32u;
-    let row0 = wid.y * 128u;
-    let col0 = wid.x * 128u;
-    let wr = (sg / 2u) * 64u;
+    // the tile: band of 8 tile rows, then column, then row in the band
+    let id = wid.y * nwg.x + wid.x;
+    let band = id / (8u * nwg.x);
+    let rows = min(nwg.y - band * 8u, 8u);
+    let in_band = id % (8u * nwg.x);
+    let row0 = (band * 8u + in_band % rows) * 128u;
+    let col0 = (in_band / rows) * 128u;
+    let wr = (sg / 2u) * 32u;
     let wc = (sg % 2u) * 64u;
     var c0 = FragC();
     var c1 = FragC();
@@ -86,51 +106,34 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var c5 = FragC();
     var c6 = FragC();
     var c7 = FragC();
-    var c8 = FragC();
-    var c9 = FragC();
-    var c10 = FragC();
-    var c11 = FragC();
-    var c12 = FragC();
-    var c13 = FragC();
-    var c14 = FragC();
-    var c15 = FragC();
-    // stage 0 holds the first step; s is the stage the products read
+    // step 0 into stage 0; ra*/rb* and qa*/qb* are the two register sets
     var ra0 = fetch_a(a0, row0, 0u, lid);
-    var ra1 = fetch_a(a0, row0, 0u, lid + 128u);
-    var ra2 = fetch_a(a0, row0, 0u, lid + 256u);
-    var ra3 = fetch_a(a0, row0, 0u, lid + 384u);
+    var ra1 = fetch_a(a0, row0, 0u, lid + 256u);
     var rb0 = fetch_b(b0, col0, 0u, lid);
-    var rb1 = fetch_b(b0, col0, 0u, lid + 128u);
-    var rb2 = fetch_b(b0, col0, 0u, lid + 256u);
-    var rb3 = fetch_b(b0, col0, 0u, lid + 384u);
+    var rb1 = fetch_b(b0, col0, 0u, lid + 256u);
     put_a(0u, lid, ra0);
-    put_a(0u, lid + 128u, ra1);
-    put_a(0u, lid + 256u, ra2);
-    put_a(0u, lid + 384u, ra3);
+    put_a(0u, lid + 256u, ra1);
     put_b(0u, lid, rb0);
-    put_b(0u, lid + 128u, rb1);
-    put_b(0u, lid + 256u, rb2);
-    put_b(0u, lid + 384u, rb3);
+    put_b(0u, lid + 256u, rb1);
     workgroupBarrier();
+    // s: the stage this step's products read
     var s = 0u;
-    for (var kt = 0u; kt < p.k; kt += TK) {
-        // the next step's runs; the last step fetches its own again and
-        // stores them in the stage no step reads any more: with the fetches
-        // and stores under a branch the kernels ran 15-20% slower on an H100
-        let next = select(kt, kt + TK, kt + TK < p.k);
-        ra0 = fetch_a(a0, row0, next, lid);
-        ra1 = fetch_a(a0, row0, next, lid + 128u);
-        ra2 = fetch_a(a0, row0, next, lid + 256u);
-        ra3 = fetch_a(a0, row0, next, lid + 384u);
-        rb0 = fetch_b(b0, col0, next, lid);
-        rb1 = fetch_b(b0, col0, next, lid + 128u);
-        rb2 = fetch_b(b0, col0, next, lid + 256u);
-        rb3 = fetch_b(b0, col0, next, lid + 384u);
+    var qa0 = fetch_a(a0, row0, TK, lid);
+    var qa1 = fetch_a(a0, row0, TK, lid + 256u);
+    var qb0 = fetch_b(b0, col0, TK, lid);
+    var qb1 = fetch_b(b0, col0, TK, lid + 256u);
+    // two steps a round: past K the fetches give zeros, so an odd count
+    // of steps ends with a step of zero tiles
+    for (var kt = 0u; kt < p.k; kt += 2u * TK) {
+        // step kt: q* hold step kt + TK, r* take step kt + 2 TK
+        let n2 = kt + 2u * TK;
+        ra0 = fetch_a(a0, row0, n2, lid);
+        ra1 = fetch_a(a0, row0, n2, lid + 256u);
+        rb0 = fetch_b(b0, col0, n2, lid);
+        rb1 = fetch_b(b0, col0, n2, lid + 256u);
         for (var ks = 0u; ks < TK; ks += 16u) {
             let fa0 = frag_a(s, wr, ks);
             let fa1 = frag_a(s, wr + 16u, ks);
-            let fa2 = frag_a(s, wr + 32u, ks);
-            let fa3 = frag_a(s, wr + 48u, ks);
             let fb0 = frag_b(s, wc, ks);
             let fb1 = frag_b(s, wc + 16u, ks);
             let fb2 = frag_b(s, wc + 32u, ks);
@@ -143,25 +146,43 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             c5 = coopMultiplyAdd(fa1, fb1, c5);
             c6 = coopMultiplyAdd(fa1, fb2, c6);
             c7 = coopMultiplyAdd(fa1, fb3, c7);
-            c8 = coopMultiplyAdd(fa2, fb0, c8);
-            c9 = coopMultiplyAdd(fa2, fb1, c9);
-            c10 = coopMultiplyAdd(fa2, fb2, c10);
-            c11 = coopMultiplyAdd(fa2, fb3, c11);
-            c12 = coopMultiplyAdd(fa3, fb0, c12);
-            c13 = coopMultiplyAdd(fa3, fb1, c13);
-            c14 = coopMultiplyAdd(fa3, fb2, c14);
-            c15 = coopMultiplyAdd(fa3, fb3, c15);
         }
         s = STAGE - s;
-        put_a(s, lid, ra0);
-        put_a(s, lid + 128u, ra1);
-        put_a(s, lid + 256u, ra2);
-        put_a(s, lid + 384u, ra3);
-        put_b(s, lid, rb0);
-        put_b(s, lid + 128u, rb1);
-        put_b(s, lid + 256u, rb2);
-        put_b(s, lid + 384u, rb3);
+        put_a(s, lid, qa0);
+        put_a(s, lid + 256u, qa1);
+        put_b(s, lid, qb0);
+        put_b(s, lid + 256u, qb1);
         workgroupBarrier();
+        {
+            // step kt + TK: r* hold step kt + 2 TK, q* take step kt + 3 TK
+            let n3 = kt + 3u * TK;
+            qa0 = fetch_a(a0, row0, n3, lid);
+            qa1 = fetch_a(a0, row0, n3, lid + 256u);
+            qb0 = fetch_b(b0, col0, n3, lid);
+            qb1 = fetch_b(b0, col0, n3, lid + 256u);
+            for (var ks = 0u; ks < TK; ks += 16u) {
+                let fa0 = frag_a(s, wr, ks);
+                let fa1 = frag_a(s, wr + 16u, ks);
+                let fb0 = frag_b(s, wc, ks);
+                let fb1 = frag_b(s, wc + 16u, ks);
+                let fb2 = frag_b(s, wc + 32u, ks);
+                let fb3 = frag_b(s, wc + 48u, ks);
+                c0 = coopMultiplyAdd(fa0, fb0, c0);
+                c1 = coopMultiplyAdd(fa0, fb1, c1);
+                c2 = coopMultiplyAdd(fa0, fb2, c2);
+                c3 = coopMultiplyAdd(fa0, fb3, c3);
+                c4 = coopMultiplyAdd(fa1, fb0, c4);
+                c5 = coopMultiplyAdd(fa1, fb1, c5);
+                c6 = coopMultiplyAdd(fa1, fb2, c6);
+                c7 = coopMultiplyAdd(fa1, fb3, c7);
+            }
+            s = STAGE - s;
+            put_a(s, lid, ra0);
+            put_a(s, lid + 256u, ra1);
+            put_b(s, lid, rb0);
+            put_b(s, lid + 256u, rb1);
+            workgroupBarrier();
+        }
     }
     let out0 = z * p.m * p.n;
     let r = row0 + wr;
@@ -175,12 +196,4 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     store_frag(c5, sg, lane, out0, r + 16u, c + 16u, own);
     store_frag(c6, sg, lane, out0, r + 16u, c + 32u, own);
     store_frag(c7, sg, lane, out0, r + 16u, c + 48u, own);
-    store_frag(c8, sg, lane, out0, r + 32u, c, own);
-    store_frag(c9, sg, lane, out0, r + 32u, c + 16u, own);
-    store_frag(c10, sg, lane, out0, r + 32u, c + 32u, own);
-    store_frag(c11, sg, lane, out0, r + 32u, c + 48u, own);
-    store_frag(c12, sg, lane, out0, r + 48u, c, own);
-    store_frag(c13, sg, lane, out0, r + 48u, c + 16u, own);
-    store_frag(c14, sg, lane, out0, r + 48u, c + 32u, own);
-    store_frag(c15, sg, lane, out0, r + 48u, c + 48u, own);
 }

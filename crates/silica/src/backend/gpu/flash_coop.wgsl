@@ -31,8 +31,8 @@
 // Params from attention_params.wgsl.
 
 @group(0) @binding(1) var<storage, read> src_q: array<f16>;
-@group(0) @binding(2) var<storage, read> src_k: array<mat2x4<f16>>;
-@group(0) @binding(3) var<storage, read> src_v: array<mat2x4<f16>>;
+@group(0) @binding(2) var<storage, read> src_k: array<vec4<u32>>;
+@group(0) @binding(3) var<storage, read> src_v: array<vec4<u32>>;
 @group(0) @binding(4) var<storage, read> src_m: array<u32>;
 @group(0) @binding(5) var<storage, read_write> dst: array<u32>;
 
@@ -48,7 +48,7 @@ const BK: u32 = 64u;
 const SLACK: f32 = 8.0;
 
 // The tile's keys, then its values: [BK][PD] vec4<f16> slots, copied
-// from k and v 8 halves at a time (mat2x4<f16> loads) and read by the
+// from k and v 8 halves at a time (halves8.wgsl) and read by the
 // four subgroups as fragments. vec4<f16> is the widest pointer type a
 // cooperative load reads correctly (see coop_tiles.wgsl).
 var<workgroup> kv: array<vec4<f16>, BK * (4u * 8u + 2u)>; // PD at the largest DF
@@ -94,9 +94,9 @@ fn fetch(at: u32, stride: u32, values: bool, lid: u32) -> array<mat2x4<f16>, 8> 
         let g = lid + 128u * i;
         let e = (at + (g / runs) * stride + 8u * (g % runs)) >> 3u;
         if values {
-            out[i] = src_v[e];
+            out[i] = halves8(src_v[e]);
         } else {
-            out[i] = src_k[e];
+            out[i] = halves8(src_k[e]);
         }
     }
     return out;

@@ -76,6 +76,7 @@ pub(crate) static MATMUL_COOP_VEC: Kernel = Kernel {
         include_str!("common.wgsl"),
         include_str!("matmul_common.wgsl"),
         include_str!("store4.wgsl"),
+        include_str!("halves8.wgsl"),
         include_str!("matmul_coop_vec.wgsl"),
         include_str!("coop_tiles.wgsl"),
         include_str!("coop_store.wgsl")
@@ -117,7 +118,7 @@ fn gemv_lanes(n: usize, k: usize, dt: DType) -> usize {
 /// leave a large GPU's cores idle: the 64x64 kernel makes four times more).
 const BIG_MIN_GROUPS: usize = 256;
 /// Workgroup memory of the kernels on coop_tiles.wgsl, in bytes.
-const COOP_TILES_MEMORY: u32 = 45_056;
+const COOP_TILES_MEMORY: u32 = 49_152;
 
 /// Whether the adapter runs the kernels on coop_tiles.wgsl: 16x16 f16
 /// cooperative matrices and the workgroup memory for their tiles.

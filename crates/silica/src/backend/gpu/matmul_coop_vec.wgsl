@@ -1,14 +1,14 @@
 // matmul_coop_vec.wgsl — dst[z] = a[z] @ b[z] for f16 operands on
 // cooperative matrices, through coop_tiles.wgsl's double-buffered
-// workgroup tiles. The operands are read as mat2x4<f16>, 16 bytes a load.
+// workgroup tiles. The operands are read 16 bytes a load (halves8.wgsl).
 //
 // Layouts (the launcher checks them): a contiguous along k with every row
 // start a multiple of 8 halves; b contiguous along k (B_MODE 1, a weight
 // stored [N, K]) or along n (B_MODE 2, N a multiple of 8); K a multiple of
 // 8 (k past K loads as zeros). Params from matmul_common.wgsl.
 
-@group(0) @binding(1) var<storage, read> src_a: array<mat2x4<f16>>;
-@group(0) @binding(2) var<storage, read> src_b: array<mat2x4<f16>>;
+@group(0) @binding(1) var<storage, read> src_a: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read> src_b: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read_write> dst: array<u32>;
 
 override OUT_DT: u32 = 0u;
@@ -27,7 +27,7 @@ fn fetch_a(a0: u32, row0: u32, kt: u32, g: u32) -> mat2x4<f16> {
     if k >= p.k {
         return ZERO8;
     }
-    return src_a[(a0 + r * p.sa_m + k) >> 3u];
+    return halves8(src_a[(a0 + r * p.sa_m + k) >> 3u]);
 }
 
 // Run g of b[kt..+32, col0..+128]: B_MODE 1 as a (column g / 4), B_MODE 2
@@ -39,14 +39,14 @@ fn fetch_b(b0: u32, col0: u32, kt: u32, g: u32) -> mat2x4<f16> {
         if k >= p.k {
             return ZERO8;
         }
-        return src_b[(b0 + c * p.sb_n + k) >> 3u];
+        return halves8(src_b[(b0 + c * p.sb_n + k) >> 3u]);
     }
     let k = kt + g / 16u;
     let c = min(col0 + (g % 16u) * 8u, p.n - 8u);
     if k >= p.k {
         return ZERO8;
     }
-    return src_b[(b0 + k * p.sb_k + c) >> 3u];
+    return halves8(src_b[(b0 + k * p.sb_k + c) >> 3u]);
 }
 
 // Stores run g of b in stage s: n-major like a (B_MODE 1) or k-major

@@ -89,6 +89,7 @@ pub(crate) static FLASH_COOP: Kernel = Kernel {
         "enable f16;\nenable wgpu_cooperative_matrix;\n",
         include_str!("common.wgsl"),
         include_str!("attention_params.wgsl"),
+        include_str!("halves8.wgsl"),
         include_str!("flash_coop.wgsl")
     ),
     inputs: 4,

@@ -58,6 +58,7 @@ pub(crate) static QMATMUL_COOP: Kernel = Kernel {
         include_str!("common.wgsl"),
         include_str!("qmatmul_common.wgsl"),
         include_str!("quant_blocks.wgsl"),
+        include_str!("halves8.wgsl"),
         include_str!("qmatmul_coop.wgsl"),
         include_str!("coop_tiles.wgsl"),
         include_str!("coop_store.wgsl")

@@ -1,14 +1,14 @@
 // qmatmul_coop.wgsl — dst = x @ wᵀ for many rows of f16 x (prefill), w in
 // a GGML block format, on cooperative matrices through coop_tiles.wgsl's
-// double-buffered workgroup tiles: x is read as mat2x4<f16> (16 bytes a
-// load), and each weight run of 8 is decoded (quant_blocks.wgsl, in f32)
+// double-buffered workgroup tiles: x is read 16 bytes a load
+// (halves8.wgsl), and each weight run of 8 is decoded (quant_blocks.wgsl, in f32)
 // and rounded to f16 on its way into the tile, so that a step of 32 along
 // K covers one group of every weight row of the tile. Params from
 // qmatmul_common.wgsl; K is a multiple of 32 and x contiguous from a
 // multiple of 8 elements (the launcher checks both).
 
 @group(0) @binding(0) var<uniform> p: QParams;
-@group(0) @binding(1) var<storage, read> src_x: array<mat2x4<f16>>;
+@group(0) @binding(1) var<storage, read> src_x: array<vec4<u32>>;
 @group(0) @binding(2) var<storage, read> src_w: array<u32>;
 @group(0) @binding(3) var<storage, read_write> dst: array<u32>;
 
@@ -17,15 +17,22 @@ fn origins(z: u32) -> vec2<u32> {
     return vec2<u32>(p.off_x, 0u);
 }
 
-// Run g (0..511) of x[row0..+128, kt..+32]: row g / 4, halves 8 (g % 4)..+8.
+// Run g (0..511) of x[row0..+128, kt..+32]: row g / 4, halves 8 (g % 4)..+8
+// (zeros past K).
 fn fetch_a(a0: u32, row0: u32, kt: u32, g: u32) -> mat2x4<f16> {
+    if kt >= p.k {
+        return ZERO8;
+    }
     let r = min(row0 + (g >> 2u), p.m - 1u);
-    return src_x[(a0 + r * p.k + kt + (g & 3u) * 8u) >> 3u];
+    return halves8(src_x[(a0 + r * p.k + kt + (g & 3u) * 8u) >> 3u]);
 }
 
 // Part g % 4 of group kt / 32 of weight row col0 + g / 4, decoded: its two
-// runs of 4 (at part_k's offsets in the group).
+// runs of 4 (at part_k's offsets in the group); zeros past K.
 fn fetch_b(b0: u32, col0: u32, kt: u32, g: u32) -> mat2x4<f16> {
+    if kt >= p.k {
+        return ZERO8;
+    }
     let at = group_at(min(col0 + (g >> 2u), p.n - 1u), kt / 32u);
     let v = part_values(at.x, at.y, g & 3u, group_scale(at.x, at.y));
     return mat2x4<f16>(vec4<f16>(v[0]), vec4<f16>(v[1]));
