@@ -81,6 +81,27 @@ fn frag_b(s: u32, c: u32, ks: u32) -> FragB {
     return coopLoadT<FragB>(&tile_b[at], PN);
 }
 
+// One step's products: the subgroup's 2x4 accumulators (rows wr.., columns
+// wc.. of the tile) plus its fragments of stage s.
+fn products(s: u32, wr: u32, wc: u32, c0: ptr<function, FragC>, c1: ptr<function, FragC>, c2: ptr<function, FragC>, c3: ptr<function, FragC>, c4: ptr<function, FragC>, c5: ptr<function, FragC>, c6: ptr<function, FragC>, c7: ptr<function, FragC>) {
+    for (var ks = 0u; ks < TK; ks += 16u) {
+        let fa0 = frag_a(s, wr, ks);
+        let fa1 = frag_a(s, wr + 16u, ks);
+        let fb0 = frag_b(s, wc, ks);
+        let fb1 = frag_b(s, wc + 16u, ks);
+        let fb2 = frag_b(s, wc + 32u, ks);
+        let fb3 = frag_b(s, wc + 48u, ks);
+        *c0 = coopMultiplyAdd(fa0, fb0, *c0);
+        *c1 = coopMultiplyAdd(fa0, fb1, *c1);
+        *c2 = coopMultiplyAdd(fa0, fb2, *c2);
+        *c3 = coopMultiplyAdd(fa0, fb3, *c3);
+        *c4 = coopMultiplyAdd(fa1, fb0, *c4);
+        *c5 = coopMultiplyAdd(fa1, fb1, *c5);
+        *c6 = coopMultiplyAdd(fa1, fb2, *c6);
+        *c7 = coopMultiplyAdd(fa1, fb3, *c7);
+    }
+}
+
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let z = wid.z;
@@ -131,22 +152,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         ra1 = fetch_a(a0, row0, n2, lid + 256u);
         rb0 = fetch_b(b0, col0, n2, lid);
         rb1 = fetch_b(b0, col0, n2, lid + 256u);
-        for (var ks = 0u; ks < TK; ks += 16u) {
-            let fa0 = frag_a(s, wr, ks);
-            let fa1 = frag_a(s, wr + 16u, ks);
-            let fb0 = frag_b(s, wc, ks);
-            let fb1 = frag_b(s, wc + 16u, ks);
-            let fb2 = frag_b(s, wc + 32u, ks);
-            let fb3 = frag_b(s, wc + 48u, ks);
-            c0 = coopMultiplyAdd(fa0, fb0, c0);
-            c1 = coopMultiplyAdd(fa0, fb1, c1);
-            c2 = coopMultiplyAdd(fa0, fb2, c2);
-            c3 = coopMultiplyAdd(fa0, fb3, c3);
-            c4 = coopMultiplyAdd(fa1, fb0, c4);
-            c5 = coopMultiplyAdd(fa1, fb1, c5);
-            c6 = coopMultiplyAdd(fa1, fb2, c6);
-            c7 = coopMultiplyAdd(fa1, fb3, c7);
-        }
+        products(s, wr, wc, &c0, &c1, &c2, &c3, &c4, &c5, &c6, &c7);
         s = STAGE - s;
         put_a(s, lid, qa0);
         put_a(s, lid + 256u, qa1);
@@ -160,22 +166,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             qa1 = fetch_a(a0, row0, n3, lid + 256u);
             qb0 = fetch_b(b0, col0, n3, lid);
             qb1 = fetch_b(b0, col0, n3, lid + 256u);
-            for (var ks = 0u; ks < TK; ks += 16u) {
-                let fa0 = frag_a(s, wr, ks);
-                let fa1 = frag_a(s, wr + 16u, ks);
-                let fb0 = frag_b(s, wc, ks);
-                let fb1 = frag_b(s, wc + 16u, ks);
-                let fb2 = frag_b(s, wc + 32u, ks);
-                let fb3 = frag_b(s, wc + 48u, ks);
-                c0 = coopMultiplyAdd(fa0, fb0, c0);
-                c1 = coopMultiplyAdd(fa0, fb1, c1);
-                c2 = coopMultiplyAdd(fa0, fb2, c2);
-                c3 = coopMultiplyAdd(fa0, fb3, c3);
-                c4 = coopMultiplyAdd(fa1, fb0, c4);
-                c5 = coopMultiplyAdd(fa1, fb1, c5);
-                c6 = coopMultiplyAdd(fa1, fb2, c6);
-                c7 = coopMultiplyAdd(fa1, fb3, c7);
-            }
+            products(s, wr, wc, &c0, &c1, &c2, &c3, &c4, &c5, &c6, &c7);
             s = STAGE - s;
             put_a(s, lid, ra0);
             put_a(s, lid + 256u, ra1);
