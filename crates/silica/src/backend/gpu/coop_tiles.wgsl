@@ -159,21 +159,19 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         put_b(s, lid, qb0);
         put_b(s, lid + 256u, qb1);
         workgroupBarrier();
-        {
-            // step kt + TK: r* hold step kt + 2 TK, q* take step kt + 3 TK
-            let n3 = kt + 3u * TK;
-            qa0 = fetch_a(a0, row0, n3, lid);
-            qa1 = fetch_a(a0, row0, n3, lid + 256u);
-            qb0 = fetch_b(b0, col0, n3, lid);
-            qb1 = fetch_b(b0, col0, n3, lid + 256u);
-            products(s, wr, wc, &c0, &c1, &c2, &c3, &c4, &c5, &c6, &c7);
-            s = STAGE - s;
-            put_a(s, lid, ra0);
-            put_a(s, lid + 256u, ra1);
-            put_b(s, lid, rb0);
-            put_b(s, lid + 256u, rb1);
-            workgroupBarrier();
-        }
+        // step kt + TK: r* hold step kt + 2 TK, q* take step kt + 3 TK
+        let n3 = kt + 3u * TK;
+        qa0 = fetch_a(a0, row0, n3, lid);
+        qa1 = fetch_a(a0, row0, n3, lid + 256u);
+        qb0 = fetch_b(b0, col0, n3, lid);
+        qb1 = fetch_b(b0, col0, n3, lid + 256u);
+        products(s, wr, wc, &c0, &c1, &c2, &c3, &c4, &c5, &c6, &c7);
+        s = STAGE - s;
+        put_a(s, lid, ra0);
+        put_a(s, lid + 256u, ra1);
+        put_b(s, lid, rb0);
+        put_b(s, lid + 256u, rb1);
+        workgroupBarrier();
     }
     let out0 = z * p.m * p.n;
     let r = row0 + wr;
