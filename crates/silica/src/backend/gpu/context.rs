@@ -271,13 +271,15 @@ fn coop_config(adapter: &wgpu::Adapter, m: u32) -> bool {
 
 /// Whether the adapter runs the kernels on 16x16 cooperative matrices
 /// (matmul_coop, coop_tiles, flash_coop): subgroups of
-/// exactly 32 (the kernels split their threads into subgroups of 32).
+/// exactly 32 (the kernels split their threads into subgroups of 32), and
+/// subgroup operations (flash_coop swaps values between lanes).
 fn coop16_available(adapter: &wgpu::Adapter) -> bool {
     let info = adapter.get_info();
     // coop_tiles.wgsl loads fragments through vec4<f16> pointers, which
     // MSL cannot pass where it expects pointers to halves; Apple GPUs
     // offer 8x8 matrices only anyway
     coop_config(adapter, 16)
+        && adapter.features().contains(wgpu::Features::SUBGROUP)
         && info.backend != wgpu::Backend::Metal
         && info.subgroup_min_size == 32
         && info.subgroup_max_size == 32

@@ -5,26 +5,39 @@
 // - the workgroup copies the tile's keys into workgroup memory (kv), 8
 //   halves per load (fetched during the previous tile), and each subgroup
 //   scores its 16 rows against them as Sᵀ = k·qᵀ: 4 fragments of 16 keys,
-//   k rows as the A operand from kv,
-//   qᵀ as B operands loaded once from q (k read row by row was 6% faster
-//   on an H100 than q·kᵀ with kᵀ read column by column);
-// - each subgroup stores Sᵀ column-major, that is S row-major, to
-//   workgroup memory, where each thread takes half a row (32 scores):
+//   k rows as the A operand from kv, qᵀ as B operands loaded once from q,
+//   the four fragments advanced together (independent products);
+// - each subgroup stores Sᵀ column-major, that is S row-major, to its part
+//   of sbuf, where each thread takes half a row (32 scores, 8 vec4 reads):
 //   scale, causal and padding masks, the row's maximum (the two halves
-//   swap theirs through workgroup memory), then p = exp(s - m) as f16 into
-//   workgroup memory; meanwhile the tile's values replace its keys in kv;
+//   swap theirs through a subgroup shuffle), then p = 2^(s - m) as f16,
+//   written 4 at a time to pbuf; meanwhile the tile's values replace its
+//   keys in kv;
 // - each subgroup accumulates o += p·v into DF = D / 16 fragments (D up to
-//   128), p read back as the A operand, v from kv.
+//   128), p read back as the A operand, v from kv, a fragment of p against
+//   every fragment of o in turn.
+// Four barriers a tile: keys in kv; keys done (values may replace them,
+// scores stored); values and probabilities in place (the load of the
+// rescale flag); values done.
+//
 // Rows keep a reference maximum m for their exponentials; only when a
 // tile's maximum exceeds it by more than SLACK is m moved and the
 // accumulators rescaled (through workgroup memory, for the whole workgroup
 // when any row needs it), so p <= e^SLACK stays well inside f16 and the
-// round trip happens in the first tiles only.
+// round trip happens in the first tiles only. Scores are kept in base 2
+// (scaled by log2 e) so that p is one exp2.
+//
+// On an H100 (2048 causal, 32 heads of 128) removing parts of the previous
+// version of this kernel showed where its 584 us went: without the
+// products of q·kᵀ 551, without those of p·v 519, without the loads of k
+// and v 555, without the softmax's reads and exponentials 410, without its
+// scalar f16 writes as well 336, without all of these 232 (six barriers a
+// tile, the copies into kv, the stores of the scores).
 //
 // q fragments and k and v rows are read whole, so the launcher guarantees:
 // Tq >= 16, Tk >= BK, head size a multiple of 16 (<= 128), q, k, v
 // contiguous along the head and their offsets and strides multiples of 8
-// elements (16 bytes). 42,768 bytes of workgroup memory. A
+// elements (16 bytes). 42,256 bytes of workgroup memory. A
 // subgroup whose 16 rows cross Tq computes the last 16 instead and writes
 // only its own; the last key tile is moved back to end at Tk and its keys
 // already seen are hidden.
@@ -45,19 +58,21 @@ override PD: u32 = 4u * DF + 2u;
 
 const BQ: u32 = 64u;
 const BK: u32 = 64u;
-const SLACK: f32 = 8.0;
+// in base 2: p stays below e^8
+const SLACK2: f32 = 8.0 * 1.442695;
+const LOG2E: f32 = 1.442695;
 
 // The tile's keys, then its values: [BK][PD] vec4<f16> slots, copied
 // from k and v 8 halves at a time (halves8.wgsl) and read by the
 // four subgroups as fragments. vec4<f16> is the widest pointer type a
 // cooperative load reads correctly (see coop_tiles.wgsl).
 var<workgroup> kv: array<vec4<f16>, BK * (4u * 8u + 2u)>; // PD at the largest DF
-// per subgroup [16][BK]: the tile's scores, and the way out of the accumulators
-var<workgroup> sbuf: array<f32, 4096>;
-// per subgroup [16][BK]: the tile's probabilities, A operand of p·v
-var<workgroup> pbuf: array<f16, 4096>;
-// per thread: its half row's maximum or sum, for the other half
-var<workgroup> part: array<f32, 128>;
+// per subgroup [16][BK] f32 (256 slots): the tile's scores, and the way
+// out of the accumulators
+var<workgroup> sbuf: array<vec4<f32>, 1024>;
+// per subgroup [16][BK] f16 (256 slots): the tile's probabilities, A
+// operand of p·v
+var<workgroup> pbuf: array<vec4<f16>, 1024>;
 // per query row: the factor its accumulators are rescaled by, at the end its sum
 var<workgroup> row_f: array<f32, 64>;
 // .x set when some row's accumulators must be rescaled. Every workgroup
@@ -65,18 +80,6 @@ var<workgroup> row_f: array<f32, 64>;
 // back, and a cooperative load from an address off 16 bytes reads from the
 // address rounded down (a lone u32 here shifted pbuf's fragments by 2 halves)
 var<workgroup> rescale: vec4<u32>;
-
-// Score of key j (column at `at` of sbuf) for a row that sees keys
-// j0 <= j < row_end: scaled, masked, NEG_INF when hidden.
-fn score(at: u32, j: u32, j0: u32, row_end: u32, m0: u32) -> f32 {
-    var x = sbuf[at] * p.scale;
-    if HAS_MASK {
-        let e = m0 + j * p.sm.w;
-        x += decode(src_m[word_index(e, DT)], e, DT);
-    }
-    // -inf (a hidden key) is kept as the lowest finite value
-    return select(NEG_INF, max(x, NEG_INF), j >= j0 && j < row_end);
-}
 
 // The 16 keys of the tile from slot `at` of kv on (keys by dimensions), an
 // A operand.
@@ -119,81 +122,93 @@ fn q_cols(at: u32) -> coop_mat16x16<f16, B> {
     return coopLoad<coop_mat16x16<f16, B>>(&src_q[at], p.sq.y);
 }
 
-// s + k·qᵀ for the 16 keys whose row starts at slot `at` of kv; b0..b7
-// hold qᵀ, 16 dimensions each.
-fn qk(s: coop_mat16x16<f32, C>, at: u32, b0: coop_mat16x16<f16, B>, b1: coop_mat16x16<f16, B>, b2: coop_mat16x16<f16, B>, b3: coop_mat16x16<f16, B>, b4: coop_mat16x16<f16, B>, b5: coop_mat16x16<f16, B>, b6: coop_mat16x16<f16, B>, b7: coop_mat16x16<f16, B>) -> coop_mat16x16<f32, C> {
-    var acc = coopMultiplyAdd(k_rows(at), b0, s);
+// Sᵀ += k·qᵀ over dimensions 16f..16f+15 (qᵀ's fragment b) for the four
+// fragments of 16 keys of the tile.
+fn qk_step(f: u32, b: coop_mat16x16<f16, B>, s0: ptr<function, coop_mat16x16<f32, C>>, s1: ptr<function, coop_mat16x16<f32, C>>, s2: ptr<function, coop_mat16x16<f32, C>>, s3: ptr<function, coop_mat16x16<f32, C>>) {
+    let at = 4u * f;
+    *s0 = coopMultiplyAdd(k_rows(at), b, *s0);
+    *s1 = coopMultiplyAdd(k_rows(at + 16u * PD), b, *s1);
+    *s2 = coopMultiplyAdd(k_rows(at + 32u * PD), b, *s2);
+    *s3 = coopMultiplyAdd(k_rows(at + 48u * PD), b, *s3);
+}
+
+// The values of keys 16kf..16kf+15 of the tile, dimensions from slot `at`
+// on, a B operand.
+fn v_rows(kf: u32, at: u32) -> coop_mat16x16<f16, B> {
+    return coopLoadT<coop_mat16x16<f16, B>>(&kv[kf * 16u * PD + at], PD);
+}
+
+// o += p·v for keys 16kf..16kf+15 (p's fragment pk), every fragment of o.
+fn pv_step(kf: u32, pk: coop_mat16x16<f16, A>, o0: ptr<function, coop_mat16x16<f32, C>>, o1: ptr<function, coop_mat16x16<f32, C>>, o2: ptr<function, coop_mat16x16<f32, C>>, o3: ptr<function, coop_mat16x16<f32, C>>, o4: ptr<function, coop_mat16x16<f32, C>>, o5: ptr<function, coop_mat16x16<f32, C>>, o6: ptr<function, coop_mat16x16<f32, C>>, o7: ptr<function, coop_mat16x16<f32, C>>) {
+    *o0 = coopMultiplyAdd(pk, v_rows(kf, 0u), *o0);
     if DF > 1u {
-        acc = coopMultiplyAdd(k_rows(at + 4u), b1, acc);
+        *o1 = coopMultiplyAdd(pk, v_rows(kf, 4u), *o1);
     }
     if DF > 2u {
-        acc = coopMultiplyAdd(k_rows(at + 8u), b2, acc);
+        *o2 = coopMultiplyAdd(pk, v_rows(kf, 8u), *o2);
     }
     if DF > 3u {
-        acc = coopMultiplyAdd(k_rows(at + 12u), b3, acc);
+        *o3 = coopMultiplyAdd(pk, v_rows(kf, 12u), *o3);
     }
     if DF > 4u {
-        acc = coopMultiplyAdd(k_rows(at + 16u), b4, acc);
+        *o4 = coopMultiplyAdd(pk, v_rows(kf, 16u), *o4);
     }
     if DF > 5u {
-        acc = coopMultiplyAdd(k_rows(at + 20u), b5, acc);
+        *o5 = coopMultiplyAdd(pk, v_rows(kf, 20u), *o5);
     }
     if DF > 6u {
-        acc = coopMultiplyAdd(k_rows(at + 24u), b6, acc);
+        *o6 = coopMultiplyAdd(pk, v_rows(kf, 24u), *o6);
     }
     if DF > 7u {
-        acc = coopMultiplyAdd(k_rows(at + 28u), b7, acc);
+        *o7 = coopMultiplyAdd(pk, v_rows(kf, 28u), *o7);
     }
-    return acc;
 }
 
-// o + p·v over the 64 keys of a tile, for the 16 dimensions of v from
-// slot `at` of kv on (the values are staged there).
-fn pv(o: coop_mat16x16<f32, C>, p0: coop_mat16x16<f16, A>, p1: coop_mat16x16<f16, A>, p2: coop_mat16x16<f16, A>, p3: coop_mat16x16<f16, A>, at: u32) -> coop_mat16x16<f32, C> {
-    let a1 = at + 16u * PD;
-    let a2 = a1 + 16u * PD;
-    let a3 = a2 + 16u * PD;
-    var acc = coopMultiplyAdd(p0, coopLoadT<coop_mat16x16<f16, B>>(&kv[at], PD), o);
-    acc = coopMultiplyAdd(p1, coopLoadT<coop_mat16x16<f16, B>>(&kv[a1], PD), acc);
-    acc = coopMultiplyAdd(p2, coopLoadT<coop_mat16x16<f16, B>>(&kv[a2], PD), acc);
-    return coopMultiplyAdd(p3, coopLoadT<coop_mat16x16<f16, B>>(&kv[a3], PD), acc);
-}
-
-// Fragment o with each row multiplied by its factor in row_f.
-fn rescaled(o: coop_mat16x16<f32, C>, sb: u32, sg: u32, lane: u32) -> coop_mat16x16<f32, C> {
-    coopStoreT(o, &sbuf[sb], 16u);
+// Fragment o with each row multiplied by its factor in row_f (the
+// subgroup's rows from `rf` on).
+fn rescaled(o: coop_mat16x16<f32, C>, sb: u32, rf: u32, lane: u32) -> coop_mat16x16<f32, C> {
+    coopStoreT(o, &sbuf[sb], 4u);
     workgroupBarrier();
-    for (var t = 0u; t < 8u; t++) {
-        let e = lane * 8u + t;
-        sbuf[sb + e] *= row_f[sg * 16u + e / 16u];
-    }
+    // slots 2 lane, 2 lane + 1: row lane / 2
+    let f = row_f[rf + lane / 2u];
+    sbuf[sb + 2u * lane] *= f;
+    sbuf[sb + 2u * lane + 1u] *= f;
     workgroupBarrier();
-    let back = coopLoadT<coop_mat16x16<f32, C>>(&sbuf[sb], 16u);
+    let back = coopLoadT<coop_mat16x16<f32, C>>(&sbuf[sb], 4u);
     workgroupBarrier();
     return back;
 }
 
 // Writes fragment o (dimensions c0..c0+15 of rows qr..qr+15) divided by
-// the rows' sums in row_f, the rows from `own` on.
-fn write_out(o: coop_mat16x16<f32, C>, c0: u32, sb: u32, sg: u32, lane: u32, qr: u32, own: u32, out0: u32) {
-    coopStoreT(o, &sbuf[sb], 16u);
+// the rows' sums in row_f (from `rf` on), the rows from `own` on.
+fn write_out(o: coop_mat16x16<f32, C>, c0: u32, sb: u32, rf: u32, lane: u32, qr: u32, own: u32, out0: u32) {
+    coopStoreT(o, &sbuf[sb], 4u);
     workgroupBarrier();
-    for (var t = 0u; t < 8u; t += 2u) {
-        let e = lane * 8u + t;
-        let i = qr + e / 16u;
-        if i >= own {
-            let l = row_f[sg * 16u + e / 16u];
-            // no visible key: NaN, as on the CPU
-            let nan = bitcast<f32>(0x7fc00000u);
-            let y0 = select(sbuf[sb + e] / l, nan, l == 0.0);
-            let y1 = select(sbuf[sb + e + 1u] / l, nan, l == 0.0);
-            let at = out0 + i * p.heads * p.d + c0 + e % 16u;
-            if OUT_DT == 1u || OUT_DT == 2u {
-                dst[at >> 1u] = encode_pair(y0, y1, OUT_DT);
-            } else {
-                dst[at] = bitcast<u32>(y0);
-                dst[at + 1u] = bitcast<u32>(y1);
-            }
+    // slots 2 lane, 2 lane + 1: row lane / 2, dimensions 8 (lane % 2)..+8
+    let i = qr + lane / 2u;
+    if i >= own {
+        let l = row_f[rf + lane / 2u];
+        // no visible key: NaN, as on the CPU
+        let nan = vec4<f32>(bitcast<f32>(0x7fc00000u));
+        let inv = 1.0 / l;
+        let y0 = select(sbuf[sb + 2u * lane] * inv, nan, l == 0.0);
+        let y1 = select(sbuf[sb + 2u * lane + 1u] * inv, nan, l == 0.0);
+        let at = out0 + i * p.heads * p.d + c0 + 8u * (lane % 2u);
+        if OUT_DT == 1u || OUT_DT == 2u {
+            let w = at >> 1u;
+            dst[w] = encode_pair(y0.x, y0.y, OUT_DT);
+            dst[w + 1u] = encode_pair(y0.z, y0.w, OUT_DT);
+            dst[w + 2u] = encode_pair(y1.x, y1.y, OUT_DT);
+            dst[w + 3u] = encode_pair(y1.z, y1.w, OUT_DT);
+        } else {
+            dst[at] = bitcast<u32>(y0.x);
+            dst[at + 1u] = bitcast<u32>(y0.y);
+            dst[at + 2u] = bitcast<u32>(y0.z);
+            dst[at + 3u] = bitcast<u32>(y0.w);
+            dst[at + 4u] = bitcast<u32>(y1.x);
+            dst[at + 5u] = bitcast<u32>(y1.y);
+            dst[at + 6u] = bitcast<u32>(y1.z);
+            dst[at + 7u] = bitcast<u32>(y1.w);
         }
     }
     workgroupBarrier();
@@ -217,7 +232,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     // the first row this subgroup writes, and the first it computes
     let own = select(qb * BQ + sg * 16u, 0xffffffffu, idle);
     let qr = min(qb * BQ + sg * 16u, p.tq - 16u);
-    let sb = sg * 1024u;
+    // the subgroup's slots of sbuf and pbuf, and its rows of row_f
+    let sb = sg * 256u;
+    let rf = sg * 16u;
     // this thread's half row: row r of the subgroup's 16, keys hh·32.. of a tile
     let r = lane % 16u;
     let hh = lane / 16u;
@@ -231,6 +248,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         end = min(p.tk, min(qb * BQ + BQ, p.tq) + shift);
         row_end = i + shift + 1u;
     }
+    let scale2 = p.scale * LOG2E;
     let q0 = p.off_q + b * p.sq.x + h * p.sq.z + qr * p.sq.y;
     let k0 = p.off_k + b * p.sk.x + kvh * p.sk.z;
     let v0 = p.off_v + b * p.sv.x + kvh * p.sv.z;
@@ -275,6 +293,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     var o5 = coop_mat16x16<f32, C>();
     var o6 = coop_mat16x16<f32, C>();
     var o7 = coop_mat16x16<f32, C>();
+    if lid == 0u {
+        rescale.x = 0u;
+    }
     // the first tile's keys; each tile then fetches its values before its
     // scores and the next tile's keys before its products with v (the last
     // tile its own keys again), so that the loads are in flight meanwhile
@@ -285,43 +306,69 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         put(rk, lid);
         workgroupBarrier();
         let rv = fetch(v0 + jb * p.sv.y, p.sv.y, true, lid);
-        let z = coop_mat16x16<f32, C>();
-        let s0 = qk(z, 0u, q0f, q1f, q2f, q3f, q4f, q5f, q6f, q7f);
-        let s1 = qk(z, 16u * PD, q0f, q1f, q2f, q3f, q4f, q5f, q6f, q7f);
-        let s2 = qk(z, 32u * PD, q0f, q1f, q2f, q3f, q4f, q5f, q6f, q7f);
-        let s3 = qk(z, 48u * PD, q0f, q1f, q2f, q3f, q4f, q5f, q6f, q7f);
-        let t1 = sb + 16u;
-        let t2 = sb + 32u;
-        let t3 = sb + 48u;
-        // sᵀ stored column-major: the scores row-major
-        coopStore(s0, &sbuf[sb], BK);
-        coopStore(s1, &sbuf[t1], BK);
-        coopStore(s2, &sbuf[t2], BK);
-        coopStore(s3, &sbuf[t3], BK);
+        var s0 = coop_mat16x16<f32, C>();
+        var s1 = s0;
+        var s2 = s0;
+        var s3 = s0;
+        qk_step(0u, q0f, &s0, &s1, &s2, &s3);
+        if DF > 1u {
+            qk_step(1u, q1f, &s0, &s1, &s2, &s3);
+        }
+        if DF > 2u {
+            qk_step(2u, q2f, &s0, &s1, &s2, &s3);
+        }
+        if DF > 3u {
+            qk_step(3u, q3f, &s0, &s1, &s2, &s3);
+        }
+        if DF > 4u {
+            qk_step(4u, q4f, &s0, &s1, &s2, &s3);
+        }
+        if DF > 5u {
+            qk_step(5u, q5f, &s0, &s1, &s2, &s3);
+        }
+        if DF > 6u {
+            qk_step(6u, q6f, &s0, &s1, &s2, &s3);
+        }
+        if DF > 7u {
+            qk_step(7u, q7f, &s0, &s1, &s2, &s3);
+        }
+        // sᵀ stored column-major: the scores row-major, 16 slots a row
+        coopStore(s0, &sbuf[sb], 16u);
+        coopStore(s1, &sbuf[sb + 4u], 16u);
+        coopStore(s2, &sbuf[sb + 8u], 16u);
+        coopStore(s3, &sbuf[sb + 12u], 16u);
         workgroupBarrier();
         // every subgroup is done with the keys: the values take their place
         put(rv, lid);
         let jn = min(select(j0, j0 + BK, j0 + BK < end), p.tk - BK);
         rk = fetch(k0 + jn * p.sk.y, p.sk.y, false, lid);
-        if lid == 0u {
-            rescale.x = 0u;
-        }
 
-        // the row's largest visible score in the tile (columns visited in
-        // a rotated order: the 16 rows of a half hit 16 different banks)
-        let row = sb + r * BK + hh * 32u;
+        // the half row's scores, base 2, masked (slots visited in a
+        // rotated order: the 8 rows of a quarter subgroup hit distinct banks)
+        let row = sb + r * 16u + hh * 8u;
         let c0 = jb + hh * 32u;
+        var x: array<vec4<f32>, 8>;
         var mx = NEG_INF;
-        for (var t = 0u; t < 32u; t++) {
-            let c = (t + r) & 31u;
-            mx = max(mx, score(row + c, c0 + c, j0, row_end, m0));
+        for (var t = 0u; t < 8u; t++) {
+            let c = (t + r) & 7u;
+            var v = sbuf[row + c] * scale2;
+            let j = c0 + 4u * c;
+            for (var e = 0u; e < 4u; e++) {
+                if HAS_MASK {
+                    let at = m0 + (j + e) * p.sm.w;
+                    v[e] += decode(src_m[word_index(at, DT)], at, DT) * LOG2E;
+                }
+                // -inf (a hidden key) is kept as the lowest finite value
+                let seen = j + e >= j0 && j + e < row_end;
+                v[e] = select(NEG_INF, max(v[e], NEG_INF), seen);
+            }
+            x[t] = v;
+            mx = max(mx, max(max(v.x, v.y), max(v.z, v.w)));
         }
-        part[lid] = mx;
-        workgroupBarrier();
-        mx = max(mx, part[lid ^ 16u]);
+        mx = max(mx, subgroupShuffleXor(mx, 16u));
         var alpha = 1.0;
-        if mx > m + SLACK {
-            alpha = exp(m - mx);
+        if mx > m + SLACK2 {
+            alpha = exp2(m - mx);
             // accumulators that are still zero need no rescaling
             if m > NEG_INF {
                 rescale.x = 1u;
@@ -330,99 +377,78 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             l *= alpha;
         }
         if hh == 0u {
-            row_f[sg * 16u + r] = alpha;
+            row_f[rf + r] = alpha;
         }
-        for (var t = 0u; t < 32u; t++) {
-            let c = (t + r) & 31u;
-            let x = score(row + c, c0 + c, j0, row_end, m0);
-            let pr = select(exp(x - m), 0.0, x <= NEG_INF);
-            l += pr;
-            pbuf[row + c] = f16(pr);
+        let prow = sb + r * 16u + hh * 8u;
+        for (var t = 0u; t < 8u; t++) {
+            let c = (t + r) & 7u;
+            let v = x[t];
+            let pr = select(exp2(v - m), vec4<f32>(0.0), v <= vec4<f32>(NEG_INF));
+            l += (pr.x + pr.y) + (pr.z + pr.w);
+            pbuf[prow + c] = vec4<f16>(pr);
         }
-        // the values are in kv (and the probabilities in pbuf)
-        workgroupBarrier();
+        // the values are in kv, the probabilities in pbuf
         if workgroupUniformLoad(&rescale).x != 0u {
-            o0 = rescaled(o0, sb, sg, lane);
+            o0 = rescaled(o0, sb, rf, lane);
             if DF > 1u {
-                o1 = rescaled(o1, sb, sg, lane);
+                o1 = rescaled(o1, sb, rf, lane);
             }
             if DF > 2u {
-                o2 = rescaled(o2, sb, sg, lane);
+                o2 = rescaled(o2, sb, rf, lane);
             }
             if DF > 3u {
-                o3 = rescaled(o3, sb, sg, lane);
+                o3 = rescaled(o3, sb, rf, lane);
             }
             if DF > 4u {
-                o4 = rescaled(o4, sb, sg, lane);
+                o4 = rescaled(o4, sb, rf, lane);
             }
             if DF > 5u {
-                o5 = rescaled(o5, sb, sg, lane);
+                o5 = rescaled(o5, sb, rf, lane);
             }
             if DF > 6u {
-                o6 = rescaled(o6, sb, sg, lane);
+                o6 = rescaled(o6, sb, rf, lane);
             }
             if DF > 7u {
-                o7 = rescaled(o7, sb, sg, lane);
+                o7 = rescaled(o7, sb, rf, lane);
+            }
+            if lid == 0u {
+                rescale.x = 0u;
             }
         }
-
-        let p0 = coopLoadT<coop_mat16x16<f16, A>>(&pbuf[sb], BK);
-        let p1 = coopLoadT<coop_mat16x16<f16, A>>(&pbuf[t1], BK);
-        let p2 = coopLoadT<coop_mat16x16<f16, A>>(&pbuf[t2], BK);
-        let p3 = coopLoadT<coop_mat16x16<f16, A>>(&pbuf[t3], BK);
-        o0 = pv(o0, p0, p1, p2, p3, 0u);
-        if DF > 1u {
-            o1 = pv(o1, p0, p1, p2, p3, 4u);
-        }
-        if DF > 2u {
-            o2 = pv(o2, p0, p1, p2, p3, 8u);
-        }
-        if DF > 3u {
-            o3 = pv(o3, p0, p1, p2, p3, 12u);
-        }
-        if DF > 4u {
-            o4 = pv(o4, p0, p1, p2, p3, 16u);
-        }
-        if DF > 5u {
-            o5 = pv(o5, p0, p1, p2, p3, 20u);
-        }
-        if DF > 6u {
-            o6 = pv(o6, p0, p1, p2, p3, 24u);
-        }
-        if DF > 7u {
-            o7 = pv(o7, p0, p1, p2, p3, 28u);
+        for (var kf = 0u; kf < 4u; kf++) {
+            let pk = coopLoadT<coop_mat16x16<f16, A>>(&pbuf[sb + 4u * kf], 16u);
+            pv_step(kf, pk, &o0, &o1, &o2, &o3, &o4, &o5, &o6, &o7);
         }
         // every subgroup is done with the values before the next keys
         workgroupBarrier();
     }
 
     // the row's sum, both halves
-    part[lid] = l;
-    workgroupBarrier();
+    l += subgroupShuffleXor(l, 16u);
     if hh == 0u {
-        row_f[sg * 16u + r] = l + part[lid ^ 16u];
+        row_f[rf + r] = l;
     }
     let out0 = (b * p.tq * p.heads + h) * p.d;
-    write_out(o0, 0u, sb, sg, lane, qr, own, out0);
+    write_out(o0, 0u, sb, rf, lane, qr, own, out0);
     if DF > 1u {
-        write_out(o1, 16u, sb, sg, lane, qr, own, out0);
+        write_out(o1, 16u, sb, rf, lane, qr, own, out0);
     }
     if DF > 2u {
-        write_out(o2, 32u, sb, sg, lane, qr, own, out0);
+        write_out(o2, 32u, sb, rf, lane, qr, own, out0);
     }
     if DF > 3u {
-        write_out(o3, 48u, sb, sg, lane, qr, own, out0);
+        write_out(o3, 48u, sb, rf, lane, qr, own, out0);
     }
     if DF > 4u {
-        write_out(o4, 64u, sb, sg, lane, qr, own, out0);
+        write_out(o4, 64u, sb, rf, lane, qr, own, out0);
     }
     if DF > 5u {
-        write_out(o5, 80u, sb, sg, lane, qr, own, out0);
+        write_out(o5, 80u, sb, rf, lane, qr, own, out0);
     }
     if DF > 6u {
-        write_out(o6, 96u, sb, sg, lane, qr, own, out0);
+        write_out(o6, 96u, sb, rf, lane, qr, own, out0);
     }
     if DF > 7u {
-        write_out(o7, 112u, sb, sg, lane, qr, own, out0);
+        write_out(o7, 112u, sb, rf, lane, qr, own, out0);
     }
 }
