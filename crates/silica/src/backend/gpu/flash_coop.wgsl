@@ -67,12 +67,18 @@ const LOG2E: f32 = 1.442695;
 // four subgroups as fragments. vec4<f16> is the widest pointer type a
 // cooperative load reads correctly (see coop_tiles.wgsl).
 var<workgroup> kv: array<vec4<f16>, BK * (4u * 8u + 2u)>; // PD at the largest DF
-// per subgroup [16][BK] f32 (256 slots): the tile's scores, and the way
+// Row pitches of sbuf and pbuf in slots: BK and 4 floats (272 bytes), BK
+// and 8 halves (144 bytes), so that the rows a fragment store or load
+// touches at once fall on distinct banks (with pitches of 256 and 128
+// bytes they all fell on the same ones).
+const SP: u32 = 17u;
+const PP: u32 = 18u;
+// per subgroup [16][SP] vec4<f32> slots: the tile's scores, and the way
 // out of the accumulators
-var<workgroup> sbuf: array<vec4<f32>, 1024>;
-// per subgroup [16][BK] f16 (256 slots): the tile's probabilities, A
+var<workgroup> sbuf: array<vec4<f32>, 64u * SP>;
+// per subgroup [16][PP] vec4<f16> slots: the tile's probabilities, A
 // operand of p·v
-var<workgroup> pbuf: array<vec4<f16>, 1024>;
+var<workgroup> pbuf: array<vec4<f16>, 64u * PP>;
 // per query row: the factor its accumulators are rescaled by, at the end its sum
 var<workgroup> row_f: array<f32, 64>;
 // .x set when some row's accumulators must be rescaled. Every workgroup
@@ -233,7 +239,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let own = select(qb * BQ + sg * 16u, 0xffffffffu, idle);
     let qr = min(qb * BQ + sg * 16u, p.tq - 16u);
     // the subgroup's slots of sbuf and pbuf, and its rows of row_f
-    let sb = sg * 256u;
+    let sb = sg * 16u * SP;
+    let pb = sg * 16u * PP;
     let rf = sg * 16u;
     // this thread's half row: row r of the subgroup's 16, keys hh·32.. of a tile
     let r = lane % 16u;
@@ -333,24 +340,25 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             qk_step(7u, q7f, &s0, &s1, &s2, &s3);
         }
         // sᵀ stored column-major: the scores row-major, 16 slots a row
-        coopStore(s0, &sbuf[sb], 16u);
-        coopStore(s1, &sbuf[sb + 4u], 16u);
-        coopStore(s2, &sbuf[sb + 8u], 16u);
-        coopStore(s3, &sbuf[sb + 12u], 16u);
+        coopStore(s0, &sbuf[sb], SP);
+        coopStore(s1, &sbuf[sb + 4u], SP);
+        coopStore(s2, &sbuf[sb + 8u], SP);
+        coopStore(s3, &sbuf[sb + 12u], SP);
         workgroupBarrier();
         // every subgroup is done with the keys: the values take their place
         put(rv, lid);
         let jn = min(select(j0, j0 + BK, j0 + BK < end), p.tk - BK);
         rk = fetch(k0 + jn * p.sk.y, p.sk.y, false, lid);
 
-        // the half row's scores, base 2, masked (slots visited in a
-        // rotated order: the 8 rows of a quarter subgroup hit distinct banks)
-        let row = sb + r * 16u + hh * 8u;
+        // the half row's scores, base 2, masked (rows 8 apart take the
+        // slots in an order one apart: with the pitches, the rows that a
+        // load or store reaches at once fall on distinct banks)
+        let row = sb + r * SP + hh * 8u;
         let c0 = jb + hh * 32u;
         var x: array<vec4<f32>, 8>;
         var mx = NEG_INF;
         for (var t = 0u; t < 8u; t++) {
-            let c = (t + r) & 7u;
+            let c = (t + (r >> 3u)) & 7u;
             var v = sbuf[row + c] * scale2;
             let j = c0 + 4u * c;
             for (var e = 0u; e < 4u; e++) {
@@ -379,9 +387,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         if hh == 0u {
             row_f[rf + r] = alpha;
         }
-        let prow = sb + r * 16u + hh * 8u;
+        let prow = pb + r * PP + hh * 8u;
         for (var t = 0u; t < 8u; t++) {
-            let c = (t + r) & 7u;
+            let c = (t + (r >> 3u)) & 7u;
             let v = x[t];
             let pr = select(exp2(v - m), vec4<f32>(0.0), v <= vec4<f32>(NEG_INF));
             l += (pr.x + pr.y) + (pr.z + pr.w);
@@ -416,7 +424,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             }
         }
         for (var kf = 0u; kf < 4u; kf++) {
-            let pk = coopLoadT<coop_mat16x16<f16, A>>(&pbuf[sb + 4u * kf], 16u);
+            let pk = coopLoadT<coop_mat16x16<f16, A>>(&pbuf[pb + 4u * kf], PP);
             pv_step(kf, pk, &o0, &o1, &o2, &o3, &o4, &o5, &o6, &o7);
         }
         // every subgroup is done with the values before the next keys
