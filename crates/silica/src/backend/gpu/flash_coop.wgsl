@@ -56,8 +56,8 @@ override DF: u32 = 8u;
 // (16 bytes), so that the 8 rows of a fragment load start on distinct banks.
 override PD: u32 = 4u * DF + 2u;
 
-const BQ: u32 = 64u;
-const BK: u32 = 64u;
+const BQ: u32 = 128u;
+const BK: u32 = 32u;
 // in base 2: p stays below e^8
 const SLACK2: f32 = 8.0 * 1.442695;
 const LOG2E: f32 = 1.442695;
@@ -67,20 +67,24 @@ const LOG2E: f32 = 1.442695;
 // four subgroups as fragments. vec4<f16> is the widest pointer type a
 // cooperative load reads correctly (see coop_tiles.wgsl).
 var<workgroup> kv: array<vec4<f16>, BK * (4u * 8u + 2u)>; // PD at the largest DF
+// Runs of 8 halves of a tile of keys or values per thread (NR_MAX at the
+// largest DF)
+const NR_MAX: u32 = 2u;
+override NR: u32 = (BK * 2u * DF + 255u) / 256u;
 // Row pitches of sbuf and pbuf in slots: BK and 4 floats (272 bytes), BK
 // and 8 halves (144 bytes), so that the rows a fragment store or load
 // touches at once fall on distinct banks (with pitches of 256 and 128
 // bytes they all fell on the same ones).
-const SP: u32 = 17u;
-const PP: u32 = 18u;
+const SP: u32 = 9u;
+const PP: u32 = 10u;
 // per subgroup [16][SP] vec4<f32> slots: the tile's scores, and the way
 // out of the accumulators
-var<workgroup> sbuf: array<vec4<f32>, 64u * SP>;
+var<workgroup> sbuf: array<vec4<f32>, 128u * SP>;
 // per subgroup [16][PP] vec4<f16> slots: the tile's probabilities, A
 // operand of p·v
-var<workgroup> pbuf: array<vec4<f16>, 64u * PP>;
+var<workgroup> pbuf: array<vec4<f16>, 128u * PP>;
 // per query row: the factor its accumulators are rescaled by, at the end its sum
-var<workgroup> row_f: array<f32, 64>;
+var<workgroup> row_f: array<f32, 128>;
 // .x set when some row's accumulators must be rescaled. Every workgroup
 // variable is a multiple of 16 bytes: NVIDIA's driver places them back to
 // back, and a cooperative load from an address off 16 bytes reads from the
@@ -96,11 +100,11 @@ fn k_rows(at: u32) -> coop_mat16x16<f16, A> {
 // This thread's runs of the BK rows (keys) of k or v from element `at` on,
 // `stride` elements apart: run lid + 128 i for i < DF, of 2·DF runs of 8
 // halves per row. Fetched into registers ahead of their use (`put`).
-fn fetch(at: u32, stride: u32, values: bool, lid: u32) -> array<mat2x4<f16>, 8> {
+fn fetch(at: u32, stride: u32, values: bool, lid: u32) -> array<mat2x4<f16>, NR_MAX> {
     let runs = 2u * DF;
-    var out: array<mat2x4<f16>, 8>;
-    for (var i = 0u; i < DF; i++) {
-        let g = lid + 128u * i;
+    var out: array<mat2x4<f16>, NR_MAX>;
+    for (var i = 0u; i < NR; i++) {
+        let g = min(lid + 256u * i, BK * runs - 1u);
         let e = (at + (g / runs) * stride + 8u * (g % runs)) >> 3u;
         if values {
             out[i] = halves8(src_v[e]);
@@ -112,10 +116,10 @@ fn fetch(at: u32, stride: u32, values: bool, lid: u32) -> array<mat2x4<f16>, 8> 
 }
 
 // Stores the runs `fetch` returned into kv.
-fn put(r: array<mat2x4<f16>, 8>, lid: u32) {
+fn put(r: array<mat2x4<f16>, NR_MAX>, lid: u32) {
     let runs = 2u * DF;
-    for (var i = 0u; i < DF; i++) {
-        let g = lid + 128u * i;
+    for (var i = 0u; i < NR; i++) {
+        let g = min(lid + 256u * i, BK * runs - 1u);
         let t = (g / runs) * PD + 2u * (g % runs);
         kv[t] = r[i][0];
         kv[t + 1u] = r[i][1];
@@ -130,12 +134,10 @@ fn q_cols(at: u32) -> coop_mat16x16<f16, B> {
 
 // Sᵀ += k·qᵀ over dimensions 16f..16f+15 (qᵀ's fragment b) for the four
 // fragments of 16 keys of the tile.
-fn qk_step(f: u32, b: coop_mat16x16<f16, B>, s0: ptr<function, coop_mat16x16<f32, C>>, s1: ptr<function, coop_mat16x16<f32, C>>, s2: ptr<function, coop_mat16x16<f32, C>>, s3: ptr<function, coop_mat16x16<f32, C>>) {
+fn qk_step(f: u32, b: coop_mat16x16<f16, B>, s0: ptr<function, coop_mat16x16<f32, C>>, s1: ptr<function, coop_mat16x16<f32, C>>) {
     let at = 4u * f;
     *s0 = coopMultiplyAdd(k_rows(at), b, *s0);
     *s1 = coopMultiplyAdd(k_rows(at + 16u * PD), b, *s1);
-    *s2 = coopMultiplyAdd(k_rows(at + 32u * PD), b, *s2);
-    *s3 = coopMultiplyAdd(k_rows(at + 48u * PD), b, *s3);
 }
 
 // The values of keys 16kf..16kf+15 of the tile, dimensions from slot `at`
@@ -220,7 +222,7 @@ fn write_out(o: coop_mat16x16<f32, C>, c0: u32, sb: u32, rf: u32, lane: u32, qr:
     workgroupBarrier();
 }
 
-@compute @workgroup_size(128)
+@compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let blocks = (p.tq + BQ - 1u) / BQ;
     // cooperative operations need every workgroup to go on: one past the
@@ -315,35 +317,31 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         let rv = fetch(v0 + jb * p.sv.y, p.sv.y, true, lid);
         var s0 = coop_mat16x16<f32, C>();
         var s1 = s0;
-        var s2 = s0;
-        var s3 = s0;
-        qk_step(0u, q0f, &s0, &s1, &s2, &s3);
+        qk_step(0u, q0f, &s0, &s1);
         if DF > 1u {
-            qk_step(1u, q1f, &s0, &s1, &s2, &s3);
+            qk_step(1u, q1f, &s0, &s1);
         }
         if DF > 2u {
-            qk_step(2u, q2f, &s0, &s1, &s2, &s3);
+            qk_step(2u, q2f, &s0, &s1);
         }
         if DF > 3u {
-            qk_step(3u, q3f, &s0, &s1, &s2, &s3);
+            qk_step(3u, q3f, &s0, &s1);
         }
         if DF > 4u {
-            qk_step(4u, q4f, &s0, &s1, &s2, &s3);
+            qk_step(4u, q4f, &s0, &s1);
         }
         if DF > 5u {
-            qk_step(5u, q5f, &s0, &s1, &s2, &s3);
+            qk_step(5u, q5f, &s0, &s1);
         }
         if DF > 6u {
-            qk_step(6u, q6f, &s0, &s1, &s2, &s3);
+            qk_step(6u, q6f, &s0, &s1);
         }
         if DF > 7u {
-            qk_step(7u, q7f, &s0, &s1, &s2, &s3);
+            qk_step(7u, q7f, &s0, &s1);
         }
         // sᵀ stored column-major: the scores row-major, 16 slots a row
         coopStore(s0, &sbuf[sb], SP);
         coopStore(s1, &sbuf[sb + 4u], SP);
-        coopStore(s2, &sbuf[sb + 8u], SP);
-        coopStore(s3, &sbuf[sb + 12u], SP);
         workgroupBarrier();
         // every subgroup is done with the keys: the values take their place
         put(rv, lid);
@@ -353,12 +351,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         // the half row's scores, base 2, masked (rows 8 apart take the
         // slots in an order one apart: with the pitches, the rows that a
         // load or store reaches at once fall on distinct banks)
-        let row = sb + r * SP + hh * 8u;
-        let c0 = jb + hh * 32u;
-        var x: array<vec4<f32>, 8>;
+        let row = sb + r * SP + hh * 4u;
+        let c0 = jb + hh * 16u;
+        var x: array<vec4<f32>, 4>;
         var mx = NEG_INF;
-        for (var t = 0u; t < 8u; t++) {
-            let c = (t + (r >> 3u)) & 7u;
+        for (var t = 0u; t < 4u; t++) {
+            let c = (t + (r >> 3u)) & 3u;
             var v = sbuf[row + c] * scale2;
             let j = c0 + 4u * c;
             for (var e = 0u; e < 4u; e++) {
@@ -387,9 +385,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         if hh == 0u {
             row_f[rf + r] = alpha;
         }
-        let prow = pb + r * PP + hh * 8u;
-        for (var t = 0u; t < 8u; t++) {
-            let c = (t + (r >> 3u)) & 7u;
+        let prow = pb + r * PP + hh * 4u;
+        for (var t = 0u; t < 4u; t++) {
+            let c = (t + (r >> 3u)) & 3u;
             let v = x[t];
             let pr = select(exp2(v - m), vec4<f32>(0.0), v <= vec4<f32>(NEG_INF));
             l += (pr.x + pr.y) + (pr.z + pr.w);
@@ -423,7 +421,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
                 rescale.x = 0u;
             }
         }
-        for (var kf = 0u; kf < 4u; kf++) {
+        for (var kf = 0u; kf < 2u; kf++) {
             let pk = coopLoadT<coop_mat16x16<f16, A>>(&pbuf[pb + 4u * kf], PP);
             pv_step(kf, pk, &o0, &o1, &o2, &o3, &o4, &o5, &o6, &o7);
         }

@@ -154,8 +154,8 @@ const DECODE_CHUNK: usize = 256;
 const FLASH_BQ: usize = 32;
 /// Queries per workgroup, and keys per tile, of the cooperative-matrix
 /// flash kernel.
-const COOP_BQ: usize = 64;
-const COOP_BK: usize = 64;
+const COOP_BQ: usize = 128;
+const COOP_BK: usize = 32;
 
 /// Whether flash_coop.wgsl can read q, k and v as whole 16x16 fragments:
 /// f16 on an adapter with 16x16 cooperative matrices and the workgroup
