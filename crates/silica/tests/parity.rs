@@ -687,10 +687,10 @@ fn nn_cases(cases: &mut Vec<Case>) {
         type Shape = (usize, usize, usize, usize, usize, usize, bool, bool);
         // up to 4 queries: split-K decoding (keys in chunks of 256); more:
         // the flash kernel (blocks of 32 queries, key tiles of 16 or 32), or
-        // for f16 on cooperative matrices (16+ queries, 64+ keys, head sizes
+        // for f16 on cooperative matrices (16+ queries, 32+ keys, head sizes
         // that are multiples of 16, views that start rows on 16 bytes: the
         // contiguous and permuted kinds) blocks of 64 queries, key tiles of
-        // 64, the last ones moved back; head sizes over 128: the row kernel
+        // 32, the last ones moved back; head sizes over 128: the row kernel
         let shapes: [Shape; 23] = [
             (0, 1, 1, 1, 1, 2, false, false),
             (0, 7, 7, 4, 2, 8, true, false),
@@ -716,7 +716,12 @@ fn nn_cases(cases: &mut Vec<Case>) {
             (0, 64, 64, 2, 2, 32, false, false),
             (2, 80, 80, 2, 2, 64, true, true),
         ];
-        for (b, tq, tk, h, kvh, hd, causal, masked) in shapes {
+        // and one case of sharp scores (scale 3 instead of 1/sqrt(d)): rows
+        // whose later key tiles outscore their first ones by far, so that
+        // the cooperative kernel must rescale its accumulators
+        let sharp = (1, 200, 200, 2, 1, 64, true, false);
+        let all = shapes.iter().map(|s| (*s, false)).chain([(sharp, true)]);
+        for ((b, tq, tk, h, kvh, hd, causal, masked), sharp) in all {
             let kinds = [
                 Kind::Contiguous,
                 Kind::Transposed,
@@ -725,7 +730,8 @@ fn nn_cases(cases: &mut Vec<Case>) {
             ];
             for kind in kinds {
                 let name = format!(
-                    "attention {dtype} {kind:?} b{b} tq{tq} tk{tk} h{h}/{kvh} d{hd} causal {causal} mask {masked}"
+                    "attention {dtype} {kind:?} b{b} tq{tq} tk{tk} h{h}/{kvh} d{hd} causal {causal} mask {masked}{}",
+                    if sharp { " sharp" } else { "" }
                 );
                 case(cases, name, accumulating(dtype), move |d| {
                     let lead = |t: usize, heads: usize| -> Vec<usize> {
@@ -766,7 +772,7 @@ fn nn_cases(cases: &mut Vec<Case>) {
                         None
                     };
                     let opts = AttentionOpts {
-                        scale: 1.0 / (hd as f32).sqrt(),
+                        scale: if sharp { 3.0 } else { 1.0 / (hd as f32).sqrt() },
                         causal,
                     };
                     q.attention(&k, &v, mask.as_ref(), opts)

@@ -1,14 +1,14 @@
 // flash_coop.wgsl — attention for many queries (prefill) of f16 q, k, v on
 // cooperative matrices (16x16x16, f32 accumulation). A workgroup of 4
 // subgroups of 32 takes BQ = 64 queries of one (batch, head), 16 rows per
-// subgroup, and walks the keys in tiles of BK = 64. Per tile:
+// subgroup, and walks the keys in tiles of BK = 32. Per tile:
 // - the workgroup copies the tile's keys into workgroup memory (kv), 8
 //   halves per load (fetched during the previous tile), and each subgroup
-//   scores its 16 rows against them as Sᵀ = k·qᵀ: 4 fragments of 16 keys,
+//   scores its 16 rows against them as Sᵀ = k·qᵀ: 2 fragments of 16 keys,
 //   k rows as the A operand from kv, qᵀ as B operands loaded once from q,
-//   the four fragments advanced together (independent products);
+//   the fragments advanced together (independent products);
 // - each subgroup stores Sᵀ column-major, that is S row-major, to its part
-//   of sbuf, where each thread takes half a row (32 scores, 8 vec4 reads):
+//   of sbuf, where each thread takes half a row (16 scores, 4 vec4 reads):
 //   scale, causal and padding masks, the row's maximum (the two halves
 //   swap theirs through a subgroup shuffle), then p = 2^(s - m) as f16,
 //   written 4 at a time to pbuf; meanwhile the tile's values replace its
@@ -16,9 +16,9 @@
 // - each subgroup accumulates o += p·v into DF = D / 16 fragments (D up to
 //   128), p read back as the A operand, v from kv, a fragment of p against
 //   every fragment of o in turn.
-// Four barriers a tile: keys in kv; keys done (values may replace them,
-// scores stored); values and probabilities in place (the load of the
-// rescale flag); values done.
+// Four barriers a tile (five with the second of the flag's load): keys in
+// kv; keys done (values may replace them, scores stored); values and
+// probabilities in place (the load of the rescale flag); values done.
 //
 // Rows keep a reference maximum m for their exponentials; only when a
 // tile's maximum exceeds it by more than SLACK is m moved and the
@@ -27,17 +27,27 @@
 // round trip happens in the first tiles only. Scores are kept in base 2
 // (scaled by log2 e) so that p is one exp2.
 //
-// On an H100 (2048 causal, 32 heads of 128) removing parts of the previous
-// version of this kernel showed where its 584 us went: without the
-// products of q·kᵀ 551, without those of p·v 519, without the loads of k
-// and v 555, without the softmax's reads and exponentials 410, without its
-// scalar f16 writes as well 336, without all of these 232 (six barriers a
-// tile, the copies into kv, the stores of the scores).
+// On an H100 (2048 causal, 32 heads of 128; SDPA 87 us) the kernel went
+// from 584 to 286 us:
+// - removing parts of the first version showed that they were not the
+//   cost: without the products of q·kᵀ 551 us, without those of p·v 519,
+//   without the loads of k and v 555; without the softmax's reads and
+//   exponentials 410, without its scalar f16 writes as well 336, without
+//   all of these 232 (six barriers a tile, the copies into kv, the stores
+//   of the scores): the kernel waited more than it worked;
+// - four barriers a tile instead of six, the scores read and the
+//   probabilities written 4 at a time, the shuffles: 416;
+// - the pitches of sbuf and pbuf (below): 347;
+// - 8 subgroups over tiles of 32 keys: 325; 4 subgroups over tiles of 32
+//   (half the workgroup memory, more workgroups at once on an SM): 286;
+//   2 subgroups: 400. Fetching k or v later (fewer registers) was slower;
+//   a plain barrier and load for the flag instead of workgroupUniformLoad
+//   (with the uniformity analysis turned off) made no difference.
 //
 // q fragments and k and v rows are read whole, so the launcher guarantees:
 // Tq >= 16, Tk >= BK, head size a multiple of 16 (<= 128), q, k, v
 // contiguous along the head and their offsets and strides multiples of 8
-// elements (16 bytes). 42,256 bytes of workgroup memory. A
+// elements (16 bytes). 23,312 bytes of workgroup memory. A
 // subgroup whose 16 rows cross Tq computes the last 16 instead and writes
 // only its own; the last key tile is moved back to end at Tk and its keys
 // already seen are hidden.
@@ -56,7 +66,7 @@ override DF: u32 = 8u;
 // (16 bytes), so that the 8 rows of a fragment load start on distinct banks.
 override PD: u32 = 4u * DF + 2u;
 
-const BQ: u32 = 128u;
+const BQ: u32 = 64u;
 const BK: u32 = 32u;
 // in base 2: p stays below e^8
 const SLACK2: f32 = 8.0 * 1.442695;
@@ -69,22 +79,22 @@ const LOG2E: f32 = 1.442695;
 var<workgroup> kv: array<vec4<f16>, BK * (4u * 8u + 2u)>; // PD at the largest DF
 // Runs of 8 halves of a tile of keys or values per thread (NR_MAX at the
 // largest DF)
-const NR_MAX: u32 = 2u;
-override NR: u32 = (BK * 2u * DF + 255u) / 256u;
-// Row pitches of sbuf and pbuf in slots: BK and 4 floats (272 bytes), BK
-// and 8 halves (144 bytes), so that the rows a fragment store or load
-// touches at once fall on distinct banks (with pitches of 256 and 128
-// bytes they all fell on the same ones).
+const NR_MAX: u32 = 4u;
+override NR: u32 = (BK * 2u * DF + 127u) / 128u;
+// Row pitches of sbuf and pbuf in slots: BK and 4 floats (144 bytes), BK
+// and 8 halves (80 bytes), so that the rows a fragment store or load
+// touches at once fall on distinct banks (with tiles of 64 keys and
+// unpadded rows of 256 and 128 bytes they all fell on the same ones).
 const SP: u32 = 9u;
 const PP: u32 = 10u;
 // per subgroup [16][SP] vec4<f32> slots: the tile's scores, and the way
 // out of the accumulators
-var<workgroup> sbuf: array<vec4<f32>, 128u * SP>;
+var<workgroup> sbuf: array<vec4<f32>, 64u * SP>;
 // per subgroup [16][PP] vec4<f16> slots: the tile's probabilities, A
 // operand of p·v
-var<workgroup> pbuf: array<vec4<f16>, 128u * PP>;
+var<workgroup> pbuf: array<vec4<f16>, 64u * PP>;
 // per query row: the factor its accumulators are rescaled by, at the end its sum
-var<workgroup> row_f: array<f32, 128>;
+var<workgroup> row_f: array<f32, 64>;
 // .x set when some row's accumulators must be rescaled. Every workgroup
 // variable is a multiple of 16 bytes: NVIDIA's driver places them back to
 // back, and a cooperative load from an address off 16 bytes reads from the
@@ -98,13 +108,14 @@ fn k_rows(at: u32) -> coop_mat16x16<f16, A> {
 }
 
 // This thread's runs of the BK rows (keys) of k or v from element `at` on,
-// `stride` elements apart: run lid + 128 i for i < DF, of 2·DF runs of 8
-// halves per row. Fetched into registers ahead of their use (`put`).
+// `stride` elements apart: run lid + 128 i for i < NR, of 2·DF runs of 8
+// halves per row (threads past the last run take it again). Fetched into
+// registers ahead of their use (`put`).
 fn fetch(at: u32, stride: u32, values: bool, lid: u32) -> array<mat2x4<f16>, NR_MAX> {
     let runs = 2u * DF;
     var out: array<mat2x4<f16>, NR_MAX>;
     for (var i = 0u; i < NR; i++) {
-        let g = min(lid + 256u * i, BK * runs - 1u);
+        let g = min(lid + 128u * i, BK * runs - 1u);
         let e = (at + (g / runs) * stride + 8u * (g % runs)) >> 3u;
         if values {
             out[i] = halves8(src_v[e]);
@@ -119,7 +130,7 @@ fn fetch(at: u32, stride: u32, values: bool, lid: u32) -> array<mat2x4<f16>, NR_
 fn put(r: array<mat2x4<f16>, NR_MAX>, lid: u32) {
     let runs = 2u * DF;
     for (var i = 0u; i < NR; i++) {
-        let g = min(lid + 256u * i, BK * runs - 1u);
+        let g = min(lid + 128u * i, BK * runs - 1u);
         let t = (g / runs) * PD + 2u * (g % runs);
         kv[t] = r[i][0];
         kv[t + 1u] = r[i][1];
@@ -222,7 +233,7 @@ fn write_out(o: coop_mat16x16<f32, C>, c0: u32, sb: u32, rf: u32, lane: u32, qr:
     workgroupBarrier();
 }
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(128)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let blocks = (p.tq + BQ - 1u) / BQ;
     // cooperative operations need every workgroup to go on: one past the

@@ -82,7 +82,7 @@ pub(crate) static FLASH_ATTENTION_16: Kernel = Kernel {
     immediates: true,
 };
 /// Flash attention of f16 q, k, v on cooperative matrices (blocks of 64
-/// queries, key tiles of 64), where [`coop_flash`] allows it.
+/// queries, key tiles of 32), where [`coop_flash`] allows it.
 pub(crate) static FLASH_COOP: Kernel = Kernel {
     name: "flash_coop",
     source: concat!(
@@ -154,7 +154,7 @@ const DECODE_CHUNK: usize = 256;
 const FLASH_BQ: usize = 32;
 /// Queries per workgroup, and keys per tile, of the cooperative-matrix
 /// flash kernel.
-const COOP_BQ: usize = 128;
+const COOP_BQ: usize = 64;
 const COOP_BK: usize = 32;
 
 /// Whether flash_coop.wgsl can read q, k and v as whole 16x16 fragments:
