@@ -21,10 +21,10 @@
 // probabilities in place (the load of the rescale flag); values done.
 //
 // Rows keep a reference maximum m for their exponentials; only when a
-// tile's maximum exceeds it by more than SLACK is m moved and the
-// accumulators rescaled (through workgroup memory, for the whole workgroup
-// when any row needs it), so p <= e^SLACK stays well inside f16 and the
-// round trip happens in the first tiles only. Scores are kept in base 2
+// tile's maximum exceeds it by more than SLACK2 (8 in natural units) is m
+// moved and the accumulators rescaled (through workgroup memory, for the
+// whole workgroup when any row needs it), so p <= e^8 stays well inside
+// f16 and the round trip happens in the first tiles only. Scores are kept in base 2
 // (scaled by log2 e) so that p is one exp2.
 //
 // On an H100 (2048 causal, 32 heads of 128; SDPA 87 us) the kernel went
@@ -69,7 +69,7 @@ override PD: u32 = 4u * DF + 2u;
 const BQ: u32 = 64u;
 const BK: u32 = 32u;
 // in base 2: p stays below e^8
-const SLACK2: f32 = 8.0 * 1.442695;
+const SLACK2: f32 = 8.0 * LOG2E;
 const LOG2E: f32 = 1.442695;
 
 // The tile's keys, then its values: [BK][PD] vec4<f16> slots, copied
@@ -89,12 +89,12 @@ const SP: u32 = 9u;
 const PP: u32 = 10u;
 // per subgroup [16][SP] vec4<f32> slots: the tile's scores, and the way
 // out of the accumulators
-var<workgroup> sbuf: array<vec4<f32>, 64u * SP>;
+var<workgroup> sbuf: array<vec4<f32>, BQ * SP>;
 // per subgroup [16][PP] vec4<f16> slots: the tile's probabilities, A
 // operand of p·v
-var<workgroup> pbuf: array<vec4<f16>, 64u * PP>;
+var<workgroup> pbuf: array<vec4<f16>, BQ * PP>;
 // per query row: the factor its accumulators are rescaled by, at the end its sum
-var<workgroup> row_f: array<f32, 64>;
+var<workgroup> row_f: array<f32, BQ>;
 // .x set when some row's accumulators must be rescaled. Every workgroup
 // variable is a multiple of 16 bytes: NVIDIA's driver places them back to
 // back, and a cooperative load from an address off 16 bytes reads from the
@@ -143,7 +143,7 @@ fn q_cols(at: u32) -> coop_mat16x16<f16, B> {
     return coopLoad<coop_mat16x16<f16, B>>(&src_q[at], p.sq.y);
 }
 
-// Sᵀ += k·qᵀ over dimensions 16f..16f+15 (qᵀ's fragment b) for the four
+// Sᵀ += k·qᵀ over dimensions 16f..16f+15 (qᵀ's fragment b) for the two
 // fragments of 16 keys of the tile.
 fn qk_step(f: u32, b: coop_mat16x16<f16, B>, s0: ptr<function, coop_mat16x16<f32, C>>, s1: ptr<function, coop_mat16x16<f32, C>>) {
     let at = 4u * f;
@@ -255,7 +255,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let sb = sg * 16u * SP;
     let pb = sg * 16u * PP;
     let rf = sg * 16u;
-    // this thread's half row: row r of the subgroup's 16, keys hh·32.. of a tile
+    // this thread's half row: row r of the subgroup's 16, keys 16 hh.. of a tile
     let r = lane % 16u;
     let hh = lane / 16u;
     let i = qr + r;
@@ -350,7 +350,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         if DF > 7u {
             qk_step(7u, q7f, &s0, &s1);
         }
-        // sᵀ stored column-major: the scores row-major, 16 slots a row
+        // sᵀ stored column-major: the scores row-major, SP slots a row
         coopStore(s0, &sbuf[sb], SP);
         coopStore(s1, &sbuf[sb + 4u], SP);
         workgroupBarrier();
