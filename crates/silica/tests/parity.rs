@@ -361,8 +361,10 @@ fn matmul_cases(cases: &mut Vec<Case>) {
 /// are multiples of 8 elements, a transposed weight, a row-major b) and its
 /// element-wise ones (offsets, transposed a).
 fn forced_matmul_cases(cases: &mut Vec<Case>) {
-    let shapes: [(&[usize], &[usize]); 10] = [
+    let shapes: [(&[usize], &[usize]); 11] = [
         (&[129, 64], &[64, 136]),
+        // 128x256 tiles crossed by the edges on both sides
+        (&[2, 136, 48], &[2, 48, 272]),
         // 128x128 tiles crossed by the edges on both sides, K a multiple
         // of 16 (whole steps of 16 for the cooperative-matrix kernels)
         (&[2, 100, 80], &[2, 80, 200]),
@@ -382,6 +384,7 @@ fn forced_matmul_cases(cases: &mut Vec<Case>) {
         "matmul_coop",
         "matmul_coop_sg4",
         "matmul_coop_vec",
+        "matmul_coop_wide",
         "gemv",
     ] {
         for dtype in DType::FLOATS {

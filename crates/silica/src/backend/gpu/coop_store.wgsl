@@ -11,10 +11,11 @@ fn store_frag(acc: FragC, sg: u32, lane: u32, out0: u32, r0: u32, c0: u32, own: 
     let at = sg * FRAG * FRAG;
     coopStoreT(acc, &scratch[at], FRAG);
     workgroupBarrier();
-    // each of the 32 lanes writes `per` elements of one row, in pairs
-    let per = FRAG * FRAG / 32u;
-    for (var t = 0u; t < per; t += 2u) {
-        let i = lane * per + t;
+    // the lanes take the fragment's pairs of elements in turn: each write
+    // covers whole rows (FRAG / 2 lanes a row) and reads consecutive words
+    // of the scratch (lanes a row apart read the same banks otherwise)
+    for (var t = lane; t < FRAG * FRAG / 2u; t += 32u) {
+        let i = 2u * t;
         let r = r0 + i / FRAG;
         let c = c0 + i % FRAG;
         if r >= own.x && r < p.m {

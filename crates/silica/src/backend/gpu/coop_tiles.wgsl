@@ -30,7 +30,8 @@
 // (vec4<f16> slots: PK, PN). MSL counts halves, so the launchers never
 // pick these kernels on Metal (see coop16_available).
 //
-// The kernel file provides `origins(z)` (the element offsets of a[z] and
+// Runs go into the tiles and fragments come out of them through
+// coop_frags.wgsl. The kernel file provides `origins(z)` (the element offsets of a[z] and
 // b[z]), `fetch_a` and `fetch_b` (run g, 0..511, of the step's slices, as
 // a mat2x4<f16>; zeros for a step at or past K) and `put_b` (a fetched
 // run into stage s of tile_b; a's runs go in by put_a). Rows and columns
@@ -41,11 +42,13 @@
 override B_MODE: u32 = 1u;
 
 const TK: u32 = 32u;
+// Columns of the tile (matmul_coop_vec.wgsl's fetches of b read them).
+const TN: u32 = 128u;
 // Row pitch of the [128][TK] tiles in vec4<f16> slots: 40 halves, 80
 // bytes, so that the 8 rows of a fragment load start on distinct banks.
 const PK: u32 = 10u;
 // Row pitch of the k-major [TK][128] b tile: 136 halves.
-const PN: u32 = 34u;
+const PN: u32 = TN / 4u + 2u;
 // vec4 slots per stage: a's [128][PK], or b's, the larger layout.
 const STAGE: u32 = max(128u * PK, TK * PN);
 
@@ -55,31 +58,6 @@ const STAGE: u32 = max(128u * PK, TK * PN);
 var<workgroup> tile_a: array<vec4<f16>, 2u * STAGE>;
 var<workgroup> tile_b: array<vec4<f16>, 2u * STAGE>;
 var<workgroup> scratch: array<f32, 2048>; // [8 subgroups][16 * 16]
-
-const ZERO8 = mat2x4<f16>(vec4<f16>(0.0h), vec4<f16>(0.0h));
-
-// Stores run g of a in stage s ([128][PK] vec4 slots, k contiguous).
-fn put_a(s: u32, g: u32, v: mat2x4<f16>) {
-    let t = s + (g >> 2u) * PK + (g & 3u) * 2u;
-    tile_a[t] = v[0];
-    tile_a[t + 1u] = v[1];
-}
-
-// The fragment of a at tile row r, k offset ks, of stage s.
-fn frag_a(s: u32, r: u32, ks: u32) -> FragA {
-    let at = s + r * PK + ks / 4u;
-    return coopLoadT<FragA>(&tile_a[at], PK);
-}
-
-// The fragment of b at tile column c, k offset ks, of stage s.
-fn frag_b(s: u32, c: u32, ks: u32) -> FragB {
-    if B_MODE == 1u {
-        let at = s + c * PK + ks / 4u;
-        return coopLoad<FragB>(&tile_b[at], PK);
-    }
-    let at = s + ks * PN + c / 4u;
-    return coopLoadT<FragB>(&tile_b[at], PN);
-}
 
 // One step's products: the subgroup's 2x4 accumulators (rows wr.., columns
 // wc.. of the tile) plus its fragments of stage s.

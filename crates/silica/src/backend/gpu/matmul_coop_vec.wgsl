@@ -1,6 +1,7 @@
 // matmul_coop_vec.wgsl — dst[z] = a[z] @ b[z] for f16 operands on
-// cooperative matrices, through coop_tiles.wgsl's double-buffered
-// workgroup tiles. The operands are read 16 bytes a load (halves8.wgsl).
+// cooperative matrices, through the workgroup tiles of coop_tiles.wgsl
+// (128x128, double-buffered) or coop_wide.wgsl (128x256). The operands are
+// read 16 bytes a load (halves8.wgsl).
 //
 // Layouts (the launcher checks them): a contiguous along k with every row
 // start a multiple of 8 halves; b contiguous along k (B_MODE 1, a weight
@@ -30,8 +31,8 @@ fn fetch_a(a0: u32, row0: u32, kt: u32, g: u32) -> mat2x4<f16> {
     return halves8(src_a[(a0 + r * p.sa_m + k) >> 3u]);
 }
 
-// Run g of b[kt..+32, col0..+128]: B_MODE 1 as a (column g / 4), B_MODE 2
-// row g / 16, columns 8 (g % 16)..+8.
+// Run g of b[kt..+32, col0..+TN] (TN from the loop file): B_MODE 1 as a
+// (column g / 4), B_MODE 2 row g / (TN / 8), columns 8 (g % (TN / 8))..+8.
 fn fetch_b(b0: u32, col0: u32, kt: u32, g: u32) -> mat2x4<f16> {
     if B_MODE == 1u {
         let c = min(col0 + (g >> 2u), p.n - 1u);
@@ -41,8 +42,8 @@ fn fetch_b(b0: u32, col0: u32, kt: u32, g: u32) -> mat2x4<f16> {
         }
         return halves8(src_b[(b0 + c * p.sb_n + k) >> 3u]);
     }
-    let k = kt + g / 16u;
-    let c = min(col0 + (g % 16u) * 8u, p.n - 8u);
+    let k = kt + g / (TN / 8u);
+    let c = min(col0 + (g % (TN / 8u)) * 8u, p.n - 8u);
     if k >= p.k {
         return ZERO8;
     }
@@ -56,7 +57,7 @@ fn put_b(s: u32, g: u32, v: mat2x4<f16>) {
     if B_MODE == 1u {
         t = s + (g >> 2u) * PK + (g & 3u) * 2u;
     } else {
-        t = s + (g / 16u) * PN + (g % 16u) * 2u;
+        t = s + (g / (TN / 8u)) * PN + (g % (TN / 8u)) * 2u;
     }
     tile_b[t] = v[0];
     tile_b[t + 1u] = v[1];

@@ -58,6 +58,7 @@ fn every_kernel() -> Vec<&'static Kernel> {
         &nn::ATTENTION_COMBINE,
         &nn::DECODE_ATTENTION,
         &matmul::MATMUL_COOP_VEC,
+        &matmul::MATMUL_COOP_WIDE,
         &matmul::MATMUL_BIG,
         &matmul::MATMUL,
         &matmul::MATMUL_COOP,
@@ -105,7 +106,8 @@ impl GpuDevice {
         let kernels = every_kernel()
             .into_iter()
             .filter(|k| match k.name {
-                "matmul_coop" | "matmul_coop_vec" | "qmatmul_coop" | "flash_coop" => ctx.coop16(),
+                "matmul_coop" | "matmul_coop_vec" | "matmul_coop_wide" | "qmatmul_coop"
+                | "flash_coop" => ctx.coop16(),
                 "matmul_coop8" => ctx.coop8(),
                 _ => true,
             })
@@ -294,12 +296,13 @@ impl GpuDevice {
 
     /// Test hook: run every matmul with the kernel named `name` (`matmul`,
     /// `matmul_big`, `matmul_coop`, `matmul_coop_sg4`, `matmul_coop_vec`,
-    /// `gemv`) whatever its shape, so that the parity suite covers each on
+    /// `matmul_coop_wide`, `gemv`) whatever its shape, so that the parity suite covers each on
     /// small inputs; `None` restores the choice by shape. `matmul_coop`
     /// applies only where the adapter has cooperative matrices and to f16
     /// operands; `matmul_coop_sg4` is the same kernel with the 4 subgroups
-    /// of its Apple form, on 16x16 fragments; `matmul_coop_vec` also only
-    /// to the layouts it reads 8 halves at a time.
+    /// of its Apple form, on 16x16 fragments; `matmul_coop_vec` (and
+    /// `matmul_coop_wide`, its 128x256 tiles) also only to the layouts it
+    /// reads 8 halves at a time.
     #[doc(hidden)]
     pub fn force_matmul_kernel_for_testing(&self, name: Option<&'static str>) {
         *self

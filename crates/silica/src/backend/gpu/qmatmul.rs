@@ -61,6 +61,7 @@ pub(crate) static QMATMUL_COOP: Kernel = Kernel {
         include_str!("halves8.wgsl"),
         include_str!("qmatmul_coop.wgsl"),
         include_str!("coop_tiles.wgsl"),
+        include_str!("coop_frags.wgsl"),
         include_str!("coop_store.wgsl")
     ),
     inputs: 2,
