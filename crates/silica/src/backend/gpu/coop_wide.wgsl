@@ -13,9 +13,12 @@
 // so one workgroup runs per SM, and each barrier stops every warp of it.
 // There is room for one stage of tiles only (two would need 60 KB), so
 // the runs are fetched into registers two steps ahead of their products
-// (two register sets, two steps a round, as in coop_tiles.wgsl) and each
+// (two register sets, two steps a round, as in coop_tiles.wgsl; issued
+// before the barrier that follows the stores of the last ones) and each
 // step has two barriers: 654 us, against 667 us for steps of 16 in two
-// stages (635 us with coop_store.wgsl's writes by whole rows).
+// stages. Writing dst by whole fragment rows (coop_store.wgsl) took it to
+// 635 us, and taking every fragment into registers before the first
+// write to 621-628 us. Without the loads from memory it takes 459 us.
 //
 // Workgroups take the tiles in bands of 8 tile rows, column by column
 // within a band (as coop_tiles.wgsl). The launcher picks this kernel
@@ -139,33 +142,50 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     var q = fetch_runs(a0, b0, row0, col0, TK, lid);
     for (var kt = 0u; kt < p.k; kt += 2u * TK) {
         put_runs(lid, r);
-        workgroupBarrier();
         r = fetch_runs(a0, b0, row0, col0, kt + 2u * TK, lid);
+        workgroupBarrier();
         products(wr, wc, &c0, &c1, &c2, &c3, &c4, &c5, &c6, &c7, &c8, &c9, &c10, &c11, &c12, &c13, &c14, &c15);
         workgroupBarrier();
         put_runs(lid, q);
-        workgroupBarrier();
         q = fetch_runs(a0, b0, row0, col0, kt + 3u * TK, lid);
+        workgroupBarrier();
         products(wr, wc, &c0, &c1, &c2, &c3, &c4, &c5, &c6, &c7, &c8, &c9, &c10, &c11, &c12, &c13, &c14, &c15);
         workgroupBarrier();
     }
     let out0 = z * p.m * p.n;
     let r0 = row0 + wr;
     let own = vec2<u32>(0u);
-    store_frag(c0, sg, lane, out0, r0, col0 + wc, own);
-    store_frag(c1, sg, lane, out0, r0, col0 + wc + 16u, own);
-    store_frag(c2, sg, lane, out0, r0, col0 + wc + 32u, own);
-    store_frag(c3, sg, lane, out0, r0, col0 + wc + 48u, own);
-    store_frag(c4, sg, lane, out0, r0 + 16u, col0 + wc, own);
-    store_frag(c5, sg, lane, out0, r0 + 16u, col0 + wc + 16u, own);
-    store_frag(c6, sg, lane, out0, r0 + 16u, col0 + wc + 32u, own);
-    store_frag(c7, sg, lane, out0, r0 + 16u, col0 + wc + 48u, own);
-    store_frag(c8, sg, lane, out0, r0 + 32u, col0 + wc, own);
-    store_frag(c9, sg, lane, out0, r0 + 32u, col0 + wc + 16u, own);
-    store_frag(c10, sg, lane, out0, r0 + 32u, col0 + wc + 32u, own);
-    store_frag(c11, sg, lane, out0, r0 + 32u, col0 + wc + 48u, own);
-    store_frag(c12, sg, lane, out0, r0 + 48u, col0 + wc, own);
-    store_frag(c13, sg, lane, out0, r0 + 48u, col0 + wc + 16u, own);
-    store_frag(c14, sg, lane, out0, r0 + 48u, col0 + wc + 32u, own);
-    store_frag(c15, sg, lane, out0, r0 + 48u, col0 + wc + 48u, own);
+    // every fragment into registers, then the writes (see coop_store.wgsl)
+    let v0 = frag_pairs(c0, sg, lane);
+    let v1 = frag_pairs(c1, sg, lane);
+    let v2 = frag_pairs(c2, sg, lane);
+    let v3 = frag_pairs(c3, sg, lane);
+    let v4 = frag_pairs(c4, sg, lane);
+    let v5 = frag_pairs(c5, sg, lane);
+    let v6 = frag_pairs(c6, sg, lane);
+    let v7 = frag_pairs(c7, sg, lane);
+    let v8 = frag_pairs(c8, sg, lane);
+    let v9 = frag_pairs(c9, sg, lane);
+    let v10 = frag_pairs(c10, sg, lane);
+    let v11 = frag_pairs(c11, sg, lane);
+    let v12 = frag_pairs(c12, sg, lane);
+    let v13 = frag_pairs(c13, sg, lane);
+    let v14 = frag_pairs(c14, sg, lane);
+    let v15 = frag_pairs(c15, sg, lane);
+    write_pairs(v0, lane, out0, r0, col0 + wc, own);
+    write_pairs(v1, lane, out0, r0, col0 + wc + 16u, own);
+    write_pairs(v2, lane, out0, r0, col0 + wc + 32u, own);
+    write_pairs(v3, lane, out0, r0, col0 + wc + 48u, own);
+    write_pairs(v4, lane, out0, r0 + 16u, col0 + wc, own);
+    write_pairs(v5, lane, out0, r0 + 16u, col0 + wc + 16u, own);
+    write_pairs(v6, lane, out0, r0 + 16u, col0 + wc + 32u, own);
+    write_pairs(v7, lane, out0, r0 + 16u, col0 + wc + 48u, own);
+    write_pairs(v8, lane, out0, r0 + 32u, col0 + wc, own);
+    write_pairs(v9, lane, out0, r0 + 32u, col0 + wc + 16u, own);
+    write_pairs(v10, lane, out0, r0 + 32u, col0 + wc + 32u, own);
+    write_pairs(v11, lane, out0, r0 + 32u, col0 + wc + 48u, own);
+    write_pairs(v12, lane, out0, r0 + 48u, col0 + wc, own);
+    write_pairs(v13, lane, out0, r0 + 48u, col0 + wc + 16u, own);
+    write_pairs(v14, lane, out0, r0 + 48u, col0 + wc + 32u, own);
+    write_pairs(v15, lane, out0, r0 + 48u, col0 + wc + 48u, own);
 }
