@@ -1,7 +1,20 @@
 // coop_frags.wgsl — what the loops of the tiled cooperative-matrix kernels
-// (coop_tiles.wgsl, coop_wide.wgsl) share: runs of a into its tile, and
-// fragments out of the tiles. The loop file declares B_MODE, PK, PN,
-// tile_a and tile_b; stage offsets `s` count vec4<f16> slots.
+// (coop_tiles.wgsl, coop_wide.wgsl) share: the order of the tiles, runs of
+// a into its tile, and fragments out of the tiles. The loop file declares
+// B_MODE, TN, PK, PN, tile_a and tile_b; stage offsets `s` count vec4<f16>
+// slots.
+
+// The first row and column of the 128 x TN tile of workgroup `wid` (of
+// `nwg`): tiles are taken in bands of 8 tile rows, column by column within
+// a band, so that the workgroups running together share their slices of a
+// and b in the L2 cache.
+fn tile_origin(wid: vec2<u32>, nwg: vec2<u32>) -> vec2<u32> {
+    let id = wid.y * nwg.x + wid.x;
+    let band = id / (8u * nwg.x);
+    let rows = min(nwg.y - band * 8u, 8u);
+    let in_band = id % (8u * nwg.x);
+    return vec2<u32>((band * 8u + in_band % rows) * 128u, (in_band / rows) * TN);
+}
 
 const ZERO8 = mat2x4<f16>(vec4<f16>(0.0h), vec4<f16>(0.0h));
 

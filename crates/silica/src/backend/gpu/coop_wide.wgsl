@@ -110,13 +110,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let b0 = origin.y;
     let sg = lid / 32u;
     let lane = lid % 32u;
-    // the tile: band of 8 tile rows, then column, then row in the band
-    let id = wid.y * nwg.x + wid.x;
-    let band = id / (8u * nwg.x);
-    let rows = min(nwg.y - band * 8u, 8u);
-    let in_band = id % (8u * nwg.x);
-    let row0 = (band * 8u + in_band % rows) * 128u;
-    let col0 = (in_band / rows) * TN;
+    let origin0 = tile_origin(wid.xy, nwg.xy);
+    let row0 = origin0.x;
+    let col0 = origin0.y;
     let wr = (sg / 4u) * 64u;
     let wc = (sg % 4u) * 64u;
     var c0 = FragC();
