@@ -21,7 +21,7 @@
 //
 // Workgroups take the tiles in bands of 8 tile rows, column by column
 // within a band, so that those running together share their slices of a
-// and b in the L2 cache.
+// and b in the L2 cache (coop_frags.wgsl's `tile_origin`).
 //
 // The tiles are typed vec4<f16>: naga gives a cooperative load the scalar
 // type of its pointer, so they cannot be words, and a cooperative load

@@ -20,9 +20,9 @@
 // 635 us, and taking every fragment into registers before the first
 // write to 621-628 us. Without the loads from memory it takes 459 us.
 //
-// Workgroups take the tiles in bands of 8 tile rows, column by column
-// within a band (as coop_tiles.wgsl). The launcher picks this kernel
-// where such tiles are enough to fill a large GPU (see matmul.rs).
+// Workgroups take the tiles in coop_frags.wgsl's order (`tile_origin`).
+// The launcher picks this kernel where such tiles are enough to fill a
+// large GPU (see matmul.rs).
 
 // 1: b's tile is n-major like a's (k contiguous); 2: k-major.
 override B_MODE: u32 = 1u;

@@ -146,6 +146,19 @@ const COOP_TILES_MEMORY: u32 = 49_152;
 /// to 1.3x longer.
 const WIDE_MIN_GROUPS: usize = 256;
 
+/// The grid of a tiled matmul kernel (not the staged `matmul_coop` ones,
+/// whose tile depends on the adapter) over an `m` x `n` product: one
+/// workgroup per tile of 64x64 (`matmul`), 128 rows by 256 columns
+/// (`matmul_coop_wide`) or 128x128 (the others).
+fn tile_grid(kernel: &Kernel, m: usize, n: usize, batches: usize) -> [usize; 3] {
+    let (rows, cols) = match kernel.name {
+        "matmul" => (64, 64),
+        "matmul_coop_wide" => (128, 256),
+        _ => (128, 128),
+    };
+    [n.div_ceil(cols), m.div_ceil(rows), batches]
+}
+
 /// Whether the adapter runs the kernels on coop_tiles.wgsl: 16x16 f16
 /// cooperative matrices and the workgroup memory for their tiles.
 pub(crate) fn coop_tiles(ctx: &Context) -> bool {
@@ -264,7 +277,12 @@ pub(crate) fn matmul(
     let word = if dt == DType::F32 { 4 } else { 8 };
     let acc = access(a.layout(), b.layout(), &batch, word);
     let lanes = gemv_lanes(n, k, dt);
-    let big_groups = m.div_ceil(128) * n.div_ceil(128) * batches;
+    let big_groups = tile_grid(&MATMUL_BIG, m, n, batches)
+        .iter()
+        .product::<usize>();
+    let wide_groups = tile_grid(&MATMUL_COOP_WIDE, m, n, batches)
+        .iter()
+        .product::<usize>();
     let forced = *ctx.forced_matmul.lock().unwrap_or_else(|e| e.into_inner());
     let staged = staged_coop(ctx, dt, forced == Some("matmul_coop_sg4"));
     let vec = staged.is_some() && vec_coop(ctx, &acc, n, k);
@@ -287,36 +305,26 @@ pub(crate) fn matmul(
             .into_iter()
             .find(|k| k.name == name)
             .unwrap_or(&MATMUL);
-            // (columns, rows) of a workgroup's tile
-            let tile = match kernel.name {
-                "matmul" => (64, 64),
-                "matmul_coop_wide" => (256, 128),
-                _ => (128, 128),
-            };
             if kernel.name == "gemv" {
                 (kernel, [n.div_ceil(256 / lanes), 1, batches])
             } else {
-                (kernel, [n.div_ceil(tile.0), m.div_ceil(tile.1), batches])
+                (kernel, tile_grid(kernel, m, n, batches))
             }
         }
     } else if m <= GEMV_MAX_M {
         (&GEMV, [n.div_ceil(256 / lanes), 1, batches])
-    } else if vec && m.div_ceil(128) * n.div_ceil(256) * batches >= WIDE_MIN_GROUPS {
-        (
-            &MATMUL_COOP_WIDE,
-            [n.div_ceil(256), m.div_ceil(128), batches],
-        )
+    } else if vec && wide_groups >= WIDE_MIN_GROUPS {
+        let kernel = &MATMUL_COOP_WIDE;
+        (kernel, tile_grid(kernel, m, n, batches))
     } else if vec && m >= 64 && n >= 64 {
-        (
-            &MATMUL_COOP_VEC,
-            [n.div_ceil(128), m.div_ceil(128), batches],
-        )
+        let kernel = &MATMUL_COOP_VEC;
+        (kernel, tile_grid(kernel, m, n, batches))
     } else if let Some(s) = staged.filter(|_| m >= 64 && n >= 64) {
         (s.kernel, [n.div_ceil(s.tn), m.div_ceil(s.tm), batches])
     } else if big_groups >= BIG_MIN_GROUPS {
-        (&MATMUL_BIG, [n.div_ceil(128), m.div_ceil(128), batches])
+        (&MATMUL_BIG, tile_grid(&MATMUL_BIG, m, n, batches))
     } else {
-        (&MATMUL, [n.div_ceil(64), m.div_ceil(64), batches])
+        (&MATMUL, tile_grid(&MATMUL, m, n, batches))
     };
     if grid.iter().any(|&g| g > ctx.max_groups() as usize) {
         return Err(Error::NotSupported {

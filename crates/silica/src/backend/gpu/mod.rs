@@ -296,8 +296,9 @@ impl GpuDevice {
 
     /// Test hook: run every matmul with the kernel named `name` (`matmul`,
     /// `matmul_big`, `matmul_coop`, `matmul_coop_sg4`, `matmul_coop_vec`,
-    /// `matmul_coop_wide`, `gemv`) whatever its shape, so that the parity suite covers each on
-    /// small inputs; `None` restores the choice by shape. `matmul_coop`
+    /// `matmul_coop_wide`, `gemv`) whatever its shape, so that the parity
+    /// suite covers each on small inputs; `None` restores the choice by
+    /// shape. `matmul_coop`
     /// applies only where the adapter has cooperative matrices and to f16
     /// operands; `matmul_coop_sg4` is the same kernel with the 4 subgroups
     /// of its Apple form, on 16x16 fragments; `matmul_coop_vec` (and
