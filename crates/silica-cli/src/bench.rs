@@ -377,7 +377,7 @@ fn build(kind: &Kind, dtype: DType, dev: &Device) -> silica::Result<(Runner, f64
     })
 }
 
-/// Per-call times of `f`: warm-up, then as many calls as fit in `budget`
+/// Per-call times of `f`: warm-up (see [`WARM_UP_S`]), then as many calls as fit in `budget`
 /// in one command stream. Wall-clock seconds per call, and on a GPU with
 /// timestamp queries the GPU-timeline seconds per call of the same loop.
 struct Timing {
@@ -393,11 +393,22 @@ impl Timing {
     }
 }
 
+/// Seconds of calls before a case is timed (at most its budget). A GPU that
+/// idled while the host made the case's operands runs at its idle clock for
+/// the first few hundred milliseconds of work: an H100 went from 345 to
+/// 1,980 MHz about 0.3 s into a run of 8192³ products, and a loop timed from
+/// the start took 11–22 ms a product instead of 4.6.
+const WARM_UP_S: f64 = 0.4;
+
 fn time(f: &Runner, dev: &Device, budget: f64) -> silica::Result<Timing> {
-    for _ in 0..2 {
+    let warm = Instant::now();
+    let mut calls = 0;
+    while calls < 2 || warm.elapsed().as_secs_f64() < budget.min(WARM_UP_S) {
         drop(f()?);
+        // one call at a time, so that the host's clock follows the device's
+        dev.synchronize()?;
+        calls += 1;
     }
-    dev.synchronize()?;
     let start = Instant::now();
     drop(f()?);
     dev.synchronize()?;
