@@ -422,8 +422,11 @@ impl Decode<'_> {
     /// their merge.
     fn run(mut self, ctx: &Context, out: &GpuBuffer, out_dtype: DType) -> Result<()> {
         let (rows, chunks, d) = (self.rows, self.chunks, self.d);
-        self.constants
-            .extend([("D4", d.div_ceil(4) as f64), ("ROW_THREADS", 128.0)]);
+        self.constants.extend([
+            ("D4", d.div_ceil(4) as f64),
+            ("ROW_THREADS", 128.0),
+            ("WHOLE", if d.is_multiple_of(4) { 1.0 } else { 0.0 }),
+        ]);
         let mut outputs: Vec<&wgpu::Buffer> = self.updated.into_iter().collect();
         if chunks == 1 && d.is_multiple_of(4) {
             self.constants
@@ -613,12 +616,13 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
                     ("OUT_DT", dt),
                     ("D4", 32.0),
                     ("ROW_THREADS", 128.0),
+                    ("WHOLE", 1.0),
                 ],
             ));
         }
         for (adjacent, last) in [(0.0, 1.0), (1.0, 1.0), (0.0, 0.0)] {
             let mut c = vec![("DT", dt), ("FAST", 7.0), ("ADJACENT", adjacent)];
-            c.extend([("D4", 16.0), ("ROW_THREADS", 128.0)]);
+            c.extend([("D4", 16.0), ("ROW_THREADS", 128.0), ("WHOLE", 1.0)]);
             if last == 1.0 {
                 c.extend([("FINAL", 1.0), ("OUT_DT", dt)]);
             }
