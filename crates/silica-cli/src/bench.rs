@@ -6,7 +6,8 @@
 //! copy as the bandwidth yardstick.
 //!
 //! Times are per call, averaged over enough calls to fill about
-//! `--seconds` in one command stream, after warm-up. On a GPU with
+//! `--seconds` in one command stream, after 0.4 s of warm-up (at most
+//! `--seconds`: a GPU that idled runs at its idle clock at first). On a GPU with
 //! timestamp queries the figure is GPU time between a timestamp before the
 //! loop and one after it (as PyTorch's CUDA events around the same loop);
 //! the wall-clock time with the device synchronized is shown beside it. `--json` writes one object per case, which
