@@ -422,13 +422,15 @@ impl Decode<'_> {
     /// their merge.
     fn run(mut self, ctx: &Context, out: &GpuBuffer, out_dtype: DType) -> Result<()> {
         let (rows, chunks, d) = (self.rows, self.chunks, self.d);
+        // whole chunks of 4 dimensions
+        let whole = d.is_multiple_of(4);
         self.constants.extend([
             ("D4", d.div_ceil(4) as f64),
             ("ROW_THREADS", 128.0),
-            ("WHOLE", if d.is_multiple_of(4) { 1.0 } else { 0.0 }),
+            ("WHOLE", if whole { 1.0 } else { 0.0 }),
         ]);
         let mut outputs: Vec<&wgpu::Buffer> = self.updated.into_iter().collect();
-        if chunks == 1 && d.is_multiple_of(4) {
+        if chunks == 1 && whole {
             self.constants
                 .extend([("FINAL", 1.0), ("OUT_DT", code(out_dtype))]);
             outputs.push(out.raw());
