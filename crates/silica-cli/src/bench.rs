@@ -151,6 +151,7 @@ fn cases(large: bool, cpu: bool) -> Vec<Case> {
         QuantFormat::Q4_1,
         QuantFormat::Q8_0,
         QuantFormat::Q4_K,
+        QuantFormat::Q5_K,
         QuantFormat::Q6_K,
     ] {
         for (model, d, ffn, ms) in [
@@ -723,7 +724,7 @@ mod tests {
                     *per_format.entry(format.to_string()).or_insert(0) += 1;
                 }
             }
-            assert_eq!(per_format.len(), 5, "{per_format:?}");
+            assert_eq!(per_format.len(), 6, "{per_format:?}");
             // of 135M's four products only down (rows of 1536) tiles into 256s
             assert_eq!(per_format["q4_0"], per_format["q4_k"] + 3, "{per_format:?}");
         }

@@ -37,7 +37,11 @@ fn rel_err(a: &[f32], b: &[f32]) -> f64 {
 /// Formats whose GPU decode product quantizes x to 8 bits with 8-bit
 /// activations on (`GpuDevice::int8_activations`).
 fn gpu_int8_activations(format: QuantFormat) -> bool {
-    int8_activations(format) || format == QuantFormat::Q4_K
+    int8_activations(format)
+        || matches!(
+            format,
+            QuantFormat::Q4_K | QuantFormat::Q5_K | QuantFormat::Q6_K
+        )
 }
 
 /// Formats whose CPU product quantizes x to 8 bits (as llama.cpp does).
@@ -182,7 +186,7 @@ fn cpu_int8_activations_switch() {
 }
 
 /// `GpuDevice::set_int8_activations`: on every GPU adapter, decode's
-/// Q4_0/Q4_1/Q8_0/Q4_K products with x rounded to 8 bits (qgemv_i8) within the
+/// Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K products with x rounded to 8 bits (qgemv_i8) within the
 /// rounding bound of the exact product, over widths with rows that start
 /// 2 bytes past a word (an odd number of 18- or 34-byte blocks), both
 /// sizes of the kernel's buffer for x (K up to 4,096 and past it) and
@@ -198,8 +202,12 @@ fn gpu_int8_activations_stay_within_the_rounding_bound() {
             QuantFormat::Q4_1,
             QuantFormat::Q8_0,
             QuantFormat::Q4_K,
+            QuantFormat::Q5_K,
+            QuantFormat::Q6_K,
         ] {
-            let shapes: &[(usize, usize)] = if format == QuantFormat::Q4_K {
+            // Q6_K's blocks (210 bytes) start 2 bytes past a word in every
+            // other row at K = 256, 768 and 4,352
+            let shapes: &[(usize, usize)] = if format.block_elems() == 256 {
                 &[(9, 256), (70, 768), (3, 4352), (2050, 256)]
             } else {
                 &[(9, 288), (70, 512), (3, 4128), (2050, 64)]
@@ -437,6 +445,8 @@ fn fused_products_match_their_definition() {
             QuantFormat::Q4_1,
             QuantFormat::Q8_0,
             QuantFormat::Q4_K,
+            QuantFormat::Q5_K,
+            QuantFormat::Q6_K,
         ] {
             for (rows, k) in [(1, 256), (9, 256), (1, 4352)] {
                 let w = QTensor::random(format, &[2 * n, k], 5, &dev).unwrap();

@@ -1,19 +1,24 @@
 // qgemv_i8.wgsl — dst = x @ wᵀ for one row of x (decode), w in Q8_0, Q4_0,
-// Q4_1 or Q4_K, with integer dot products of 4 bytes (`dot4I8Packed`, one
-// instruction where the driver has them: dp4a on NVIDIA). Every workgroup
-// first rounds x to 8 bits per block of 32 into workgroup memory, as
-// GGML's Q8_0 does (scale max |x| / 127), four threads a block, or one
-// where x has more blocks than half the workgroup's threads. Then each
-// lane takes whole weight blocks of its set's R rows (lane l of LANES:
-// blocks l, l + LANES, ...), so that a subgroup's loads of a row are one
-// contiguous run, and sums each block as one integer: 8 packed products
-// (Q8_0's bytes, or Q4_0/Q4_1's low and high nibbles against x's first
-// and second 16 values), scaled once. A lane fetches its next blocks'
-// words before it works on the current ones (the first ones before x is
-// rounded). Q4_K's lanes take a pair of groups (32 bytes of nibbles) at a
-// time. About 1.4 operations a weight for Q4_0, against 5-6 in
-// qgemv.wgsl's f32 products. The fusions and the final sum are
-// qgemv_common.wgsl's, with M = 1.
+// Q4_1, Q4_K, Q5_K or Q6_K, with integer dot products of 4 bytes
+// (`dot4I8Packed`, one instruction where the driver has them: dp4a on
+// NVIDIA). Every workgroup first rounds x to 8 bits per block of 32 into
+// workgroup memory, as GGML's Q8_0 does (scale max |x| / 127), four
+// threads a block, or one where x has more blocks than half the
+// workgroup's threads. Then each lane takes whole weight blocks of its
+// set's R rows (lane l of LANES: blocks l, l + LANES, ...), so that a
+// subgroup's loads of a row are one contiguous run, and sums each block as
+// one integer: 8 packed products (Q8_0's bytes, or Q4_0/Q4_1's low and
+// high nibbles against x's first and second 16 values), scaled once. A
+// lane fetches its next blocks' words before it works on the current ones
+// (the first ones before x is rounded). The K formats' lanes take 64
+// values at a time: a pair of Q4_K/Q5_K groups (32 bytes of nibbles, the
+// low ones the first group, the high ones the second; Q5_K adds a bit of
+// each value from its 32 bytes of high bits), or Q6_K's groups 2j and
+// 2j + 2 of a half block (its low nibbles and bits 2j.. of the high pairs
+// the first, its high nibbles and bits 2j + 4.. the second), whose 6-bit
+// values, less 32, are packed as signed bytes. About 1.4 operations a
+// weight for Q4_0, against 5-6 in qgemv.wgsl's f32 products. The fusions
+// and the final sum are qgemv_common.wgsl's, with M = 1.
 
 // Blocks of x the workgroup holds (K / 32 at most).
 override XB: u32 = 512u;
@@ -142,10 +147,9 @@ fn funnel(u: u32, v: u32) -> u32 {
 }
 
 // A lane's unit of work in a weight row: a block of the simple formats
-// (32 values), a pair of Q4_K's groups (64 values, 32 bytes of nibbles:
-// the low ones are the first group, the high ones the second).
+// (32 values), or 64 values of a K format's block of 256 (see the top).
 fn unit_blocks() -> u32 {
-    if FMT == 5u {
+    if FMT >= 5u {
         return 2u;
     }
     return 1u;
@@ -153,26 +157,49 @@ fn unit_blocks() -> u32 {
 
 // Byte offset in its row of the block that holds unit u.
 fn unit_block(u: u32) -> u32 {
-    if FMT == 5u {
-        return (u >> 2u) * 144u;
+    if FMT >= 5u {
+        return (u >> 2u) * block_bytes();
     }
     return u * block_bytes();
 }
 
+// Words a unit's products read, at most (Q6_K's).
+const UNIT_WORDS: u32 = 22u;
+
+// The words of `n` at word `at` and after into w from index i0; where a
+// run starts 2 bytes past a word (`odd`), n + 1 of them, so that `funnel`
+// can join each pair.
+fn fetch_run(w: ptr<function, array<u32, UNIT_WORDS>>, i0: u32, at: u32, n: u32) {
+    for (var i = 0u; i < n; i++) {
+        (*w)[i0 + i] = src_w[at + i];
+    }
+}
+
 // The words that unit u of the block at byte `base` needs: words a (the
-// one holding the block's first byte) to a + 8 (Q8_0; 5 for Q4_0, Q4_1),
-// or Q4_K's d and dmin, its 12 scale bytes and the unit's 8 words of
-// nibbles.
-fn unit_words(base: u32, u: u32) -> array<u32, 12> {
-    var w: array<u32, 12>;
+// one holding the block's first byte) to a + 8 (Q8_0; 5 for Q4_0, Q4_1);
+// Q4_K's d and dmin, its 12 scale bytes and the unit's 8 words of nibbles
+// (Q5_K: then its 8 words of high bits); Q6_K's 9 words from the unit's
+// low nibbles, 9 from its high pairs, 3 from its half's scales and the
+// one that holds d (one word more a run, for blocks that start 2 bytes
+// past a word).
+fn unit_words(base: u32, u: u32) -> array<u32, UNIT_WORDS> {
+    var w: array<u32, UNIT_WORDS>;
     let a = base >> 2u;
-    if FMT == 5u {
-        for (var i = 0u; i < 4u; i++) {
-            w[i] = src_w[a + i];
-        }
-        let at = a + 4u + 8u * (u & 3u);
-        for (var i = 0u; i < 8u; i++) {
-            w[4u + i] = src_w[at + i];
+    if FMT == 7u {
+        let h = (u >> 1u) & 1u;
+        fetch_run(&w, 0u, a + 16u * h + 8u * (u & 1u), 9u);
+        fetch_run(&w, 9u, a + 32u + 8u * h, 9u);
+        fetch_run(&w, 18u, a + 48u + 2u * h, 3u);
+        w[21] = src_w[a + 52u];
+        return w;
+    }
+    if FMT >= 5u {
+        fetch_run(&w, 0u, a, 4u);
+        if FMT == 6u {
+            fetch_run(&w, 4u, a + 12u + 8u * (u & 3u), 8u);
+            fetch_run(&w, 12u, a + 4u, 8u);
+        } else {
+            fetch_run(&w, 4u, a + 4u + 8u * (u & 3u), 8u);
         }
         return w;
     }
@@ -180,9 +207,7 @@ fn unit_words(base: u32, u: u32) -> array<u32, 12> {
     if FMT == 0u {
         n = 9u;
     }
-    for (var i = 0u; i < n; i++) {
-        w[i] = src_w[a + i];
-    }
+    fetch_run(&w, 0u, a, n);
     return w;
 }
 
@@ -195,26 +220,78 @@ struct XUnit {
 
 fn x_unit(u: u32) -> XUnit {
     var x: XUnit;
-    let b = u * unit_blocks();
+    var b = vec2<u32>(u * unit_blocks(), u * unit_blocks() + 1u);
+    if FMT == 7u {
+        // groups 2j and 2j + 2 of half h of block u / 4 (j = u % 2)
+        b.x = 8u * (u >> 2u) + 4u * ((u >> 1u) & 1u) + (u & 1u);
+        b.y = b.x + 2u;
+    }
     for (var i = 0u; i < unit_blocks(); i++) {
-        x.q[2u * i] = xq[2u * (b + i)];
-        x.q[2u * i + 1u] = xq[2u * (b + i) + 1u];
-        x.d[i] = xd[b + i];
+        x.q[2u * i] = xq[2u * b[i]];
+        x.q[2u * i + 1u] = xq[2u * b[i] + 1u];
+        x.d[i] = xd[b[i]];
     }
     return x;
 }
 
 // Integer dot product of 4 words of nibbles (mask m after a shift by sh)
-// with a vec4 of x's quants.
-fn nib_dot(w: vec4<u32>, sh: u32, x: vec4<u32>) -> i32 {
-    let v = (w >> vec4<u32>(sh)) & vec4<u32>(0x0f0f0f0fu);
+// with a vec4 of x's quants; Q5_K ORs in each value's fifth bit, bit hsh
+// of each byte of `hb`.
+fn nib_dot(w: vec4<u32>, sh: u32, hb: vec4<u32>, hsh: u32, x: vec4<u32>) -> i32 {
+    var v = (w >> vec4<u32>(sh)) & vec4<u32>(0x0f0f0f0fu);
+    if FMT == 6u {
+        v |= ((hb >> vec4<u32>(hsh)) & vec4<u32>(0x01010101u)) << vec4<u32>(4u);
+    }
     return dot4I8Packed(v.x, x.x) + dot4I8Packed(v.y, x.y) + dot4I8Packed(v.z, x.z) + dot4I8Packed(v.w, x.w);
+}
+
+// Word i of a run of `w` from index i0 (see fetch_run).
+fn run_word(w: array<u32, UNIT_WORDS>, i0: u32, i: u32, odd: bool) -> u32 {
+    return select(w[i0 + i], funnel(w[i0 + i], w[i0 + i + 1u]), odd);
+}
+
+// Q6_K's 6-bit values of 4 bytes (low nibbles `lo`, high pairs at bit
+// `sh` of each byte of `hi`), less 32, as signed bytes: each byte becomes
+// q + 96 (no borrow), then flips its sign bit.
+fn q6_bytes(lo: u32, hi: u32, sh: u32) -> u32 {
+    let q = (lo & 0x0f0f0f0fu) | (((hi >> sh) & 0x03030303u) << 4u);
+    return ((q | 0x80808080u) - 0x20202020u) ^ 0x80808080u;
+}
+
+// Unit u of a Q6_K block at byte `base` (words `w`, see unit_words):
+// groups 2j and 2j + 2 (j = u % 2) of half h, each two runs of 16
+// values with a signed 8-bit scale.
+fn q6k_dot(base: u32, u: u32, w: array<u32, UNIT_WORDS>, x: XUnit) -> f32 {
+    let odd = (base & 2u) != 0u;
+    let j = u & 1u;
+    // the half's scales 0-3 and 4-7; the unit's are bytes 2j, 2j + 1
+    let sc = vec2<i32>(bitcast<i32>(run_word(w, 18u, 0u, odd)), bitcast<i32>(run_word(w, 18u, 1u, odd)));
+    let d = half_value(select(w[21] & 0xffffu, w[21] >> 16u, odd));
+    var s = vec4<i32>(0);
+    for (var i = 0u; i < 8u; i++) {
+        let lo = run_word(w, 0u, i, odd);
+        let hi = run_word(w, 9u, i, odd);
+        let a = dot4I8Packed(q6_bytes(lo, hi, 2u * j), x.q[i / 4u][i % 4u]);
+        let b = dot4I8Packed(q6_bytes(lo >> 4u, hi, 2u * j + 4u), x.q[2u + i / 4u][i % 4u]);
+        // values 0-15 of a group, then 16-31
+        if i < 4u {
+            s += vec4<i32>(a, 0, b, 0);
+        } else {
+            s += vec4<i32>(0, a, 0, b);
+        }
+    }
+    let sa = extractBits(sc.x, 16u * j, 8u) * s.x + extractBits(sc.x, 16u * j + 8u, 8u) * s.y;
+    let sb = extractBits(sc.y, 16u * j, 8u) * s.z + extractBits(sc.y, 16u * j + 8u, 8u) * s.w;
+    return d * (x.d[0].x * f32(sa) + x.d[1].x * f32(sb));
 }
 
 // Dot product of unit u, whose block starts at byte `base` and whose words
 // are `w`, with x's blocks.
-fn unit_dot(base: u32, u: u32, w: array<u32, 12>, x: XUnit) -> f32 {
-    if FMT == 5u {
+fn unit_dot(base: u32, u: u32, w: array<u32, UNIT_WORDS>, x: XUnit) -> f32 {
+    if FMT == 7u {
+        return q6k_dot(base, u, w, x);
+    }
+    if FMT >= 5u {
         // groups g = 2j, 2j + 1 of the block (j = u % 4): 6-bit scales
         // and minimums as in quant_blocks.wgsl's scale_min_k4
         let j = u & 3u;
@@ -235,8 +312,11 @@ fn unit_dot(base: u32, u: u32, w: array<u32, 12>, x: XUnit) -> f32 {
         let mn = vec2<f32>(f32(mnb & 0xffu), f32(mnb >> 8u));
         let q0 = vec4<u32>(w[4], w[5], w[6], w[7]);
         let q1 = vec4<u32>(w[8], w[9], w[10], w[11]);
-        let s0 = f32(nib_dot(q0, 0u, x.q[0]) + nib_dot(q1, 0u, x.q[1]));
-        let s1 = f32(nib_dot(q0, 4u, x.q[2]) + nib_dot(q1, 4u, x.q[3]));
+        // Q5_K's high bits: bit 2j of each byte for group 2j, 2j + 1 next
+        let h0 = vec4<u32>(w[12], w[13], w[14], w[15]);
+        let h1 = vec4<u32>(w[16], w[17], w[18], w[19]);
+        let s0 = f32(nib_dot(q0, 0u, h0, 2u * j, x.q[0]) + nib_dot(q1, 0u, h1, 2u * j, x.q[1]));
+        let s1 = f32(nib_dot(q0, 4u, h0, 2u * j + 1u, x.q[2]) + nib_dot(q1, 4u, h1, 2u * j + 1u, x.q[3]));
         let prod = sc[0] * x.d[0].x * s0 + sc[1] * x.d[1].x * s1;
         let offs = mn[0] * x.d[0].y + mn[1] * x.d[1].y;
         return d.x * prod - d.y * offs;
@@ -269,7 +349,7 @@ fn unit_dot(base: u32, u: u32, w: array<u32, 12>, x: XUnit) -> f32 {
         }
     }
     let qv = vec4<u32>(q[0], q[1], q[2], q[3]);
-    let s = f32(nib_dot(qv, 0u, xa) + nib_dot(qv, 4u, xb));
+    let s = f32(nib_dot(qv, 0u, qv, 0u, xa) + nib_dot(qv, 4u, qv, 0u, xb));
     if FMT == 1u {
         // values d (u - 8)
         return d * (ds.x * s - 8.0 * ds.y);
@@ -293,7 +373,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     for (var c = 0u; c < R; c++) {
         row_at[c] = weight_row(col0, c) * p.row_bytes;
     }
-    var next: array<array<u32, 12>, 4>;
+    var next: array<array<u32, UNIT_WORDS>, 4>;
     if live && lane < units {
         for (var c = 0u; c < R; c++) {
             next[c] = unit_words(row_at[c] + unit_block(lane), lane);

@@ -312,12 +312,18 @@ struct Gemv {
     x_blocks: Option<usize>,
 }
 
-/// The formats qgemv_i8 multiplies: those whose groups of 32 have one
-/// scale (and minimum), in nibbles or bytes.
+/// The formats qgemv_i8 multiplies: those whose values are whole bytes or
+/// nibbles (Q5_K's and Q6_K's with their high bits joined to them) under
+/// a scale (and minimum) per group of 32 or 16.
 pub(crate) fn integer_format(format: QuantFormat) -> bool {
     matches!(
         format,
-        QuantFormat::Q8_0 | QuantFormat::Q4_0 | QuantFormat::Q4_1 | QuantFormat::Q4_K
+        QuantFormat::Q8_0
+            | QuantFormat::Q4_0
+            | QuantFormat::Q4_1
+            | QuantFormat::Q4_K
+            | QuantFormat::Q5_K
+            | QuantFormat::Q6_K
     )
 }
 
