@@ -223,7 +223,10 @@ pub(crate) fn qmatmul(
         // the 7B down product from 14.0 to 19.5 µs, 4 everywhere the 1B
         // down product from 9.1 to 11-12 µs.
         let x_blocks = integer_gemv(ctx, int8, format, m, k);
-        let rows = gemv_rows(m, if fusion.swiglu { usize::MAX } else { n });
+        let mut rows = gemv_rows(m, if fusion.swiglu { usize::MAX } else { n });
+        if x_blocks.is_some() {
+            rows = integer_rows(format, rows);
+        }
         let oc = output_columns(rows, fusion);
         let lanes = match x_blocks {
             Some(_) => I8_LANES,
@@ -325,6 +328,22 @@ pub(crate) fn integer_format(format: QuantFormat) -> bool {
             | QuantFormat::Q5_K
             | QuantFormat::Q6_K
     )
+}
+
+/// Weight rows per lane set of qgemv_i8 for `format`, where the f32 GEMV
+/// would take `rows`: at most 2 for Q6_K, whose lanes hold 22 words of
+/// each row's next unit besides the current one's. On an H100 at 7B
+/// decode shapes (4,096 x 4,096, 11,008 x 4,096, 4,096 x 11,008), Q6_K
+/// took 35.1, 90.0 and 93.5 us with 4 rows, 12.3, 23.3 and 25.5 with 2,
+/// 13.0, 26.0 and 35.5 with 1 (the f32 kernel: 15.8, 36.6, 36.7). Q4_K
+/// and Q5_K keep 4: with 2, their down product lost (15.0 -> 20.2 and
+/// 19.0 -> 24.4 us).
+fn integer_rows(format: QuantFormat, rows: usize) -> usize {
+    if format == QuantFormat::Q6_K {
+        rows.min(2)
+    } else {
+        rows
+    }
 }
 
 /// Lanes per weight row of qgemv_i8 (each takes whole blocks).
@@ -447,12 +466,12 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
                 // every fusion at decode (one row, four weight rows per
                 // lane set) and SwiGLU with two weight rows per lane set
                 let bits = match format {
-                    QuantFormat::Q4_0 | QuantFormat::Q4_K => 1..8u32,
+                    QuantFormat::Q4_0 | QuantFormat::Q4_K | QuantFormat::Q6_K => 1..8u32,
                     _ => 0..0,
                 };
                 if integer_format(format) {
                     for xb in [128, 512] {
-                        out.push(integer(rows(1), QFusion::NONE, xb));
+                        out.push(integer(integer_rows(format, rows(1)), QFusion::NONE, xb));
                         out.push(integer(gemv_rows(1, GEMV_FEW_COLUMNS), QFusion::NONE, xb));
                     }
                 }
@@ -464,7 +483,7 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
                     };
                     out.push(gemv(1, rows(1), 32, fusion));
                     if integer_format(format) {
-                        out.push(integer(rows(1), fusion, 128));
+                        out.push(integer(integer_rows(format, rows(1)), fusion, 128));
                     }
                     if fusion.swiglu {
                         out.push(gemv(3, rows(3), 32, fusion));
