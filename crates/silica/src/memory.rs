@@ -8,7 +8,8 @@
 //! system allocator hands out and takes back: they are counted (exact
 //! bytes, nothing cached) and held to the CPU device's limit.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::{Error, Result};
@@ -48,7 +49,63 @@ pub(crate) struct MemoryPool {
     /// Bind groups of whole buffers, by the buffers they bind (see
     /// [`MemoryPool::bind_group`]). A bind group keeps its buffers alive, so
     /// the cache is emptied whenever the pool lets buffers go.
-    bind_groups: Mutex<HashMap<(usize, Vec<wgpu::Buffer>), wgpu::BindGroup>>,
+    bind_groups: Mutex<hashbrown::HashMap<GroupKey, wgpu::BindGroup>>,
+}
+
+/// A cached bind group's buffers, inputs first, and how many are inputs.
+#[derive(PartialEq, Eq)]
+struct GroupKey {
+    inputs: usize,
+    buffers: Vec<wgpu::Buffer>,
+}
+
+/// A [`GroupKey`] as a dispatch has it, looked up without cloning its
+/// buffers into one.
+struct GroupQuery<'a> {
+    inputs: &'a [&'a wgpu::Buffer],
+    outputs: &'a [&'a wgpu::Buffer],
+}
+
+/// The one hash of a [`GroupKey`] and of its [`GroupQuery`]: the count of
+/// inputs, the count of buffers, the buffers.
+fn hash_group<'a, H: Hasher>(
+    state: &mut H,
+    inputs: usize,
+    count: usize,
+    buffers: impl Iterator<Item = &'a wgpu::Buffer>,
+) {
+    state.write_usize(inputs);
+    state.write_usize(count);
+    for b in buffers {
+        b.hash(state);
+    }
+}
+
+impl Hash for GroupKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        hash_group(state, self.inputs, self.buffers.len(), self.buffers.iter());
+    }
+}
+
+impl Hash for GroupQuery<'_> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        let count = self.inputs.len() + self.outputs.len();
+        let buffers = self.inputs.iter().chain(self.outputs).copied();
+        hash_group(state, self.inputs.len(), count, buffers);
+    }
+}
+
+impl hashbrown::Equivalent<GroupKey> for GroupQuery<'_> {
+    fn equivalent(&self, key: &GroupKey) -> bool {
+        self.inputs.len() == key.inputs
+            && self.inputs.len() + self.outputs.len() == key.buffers.len()
+            && self
+                .inputs
+                .iter()
+                .chain(self.outputs)
+                .zip(&key.buffers)
+                .all(|(&a, b)| a == b)
+    }
 }
 
 /// Bind group entries of whole tensor buffers at bindings 1.., in order
@@ -128,7 +185,7 @@ impl MemoryPool {
             max_binding,
             usage,
             state: Mutex::new(PoolState::default()),
-            bind_groups: Mutex::new(HashMap::new()),
+            bind_groups: Mutex::new(hashbrown::HashMap::new()),
         }
     }
 
@@ -147,16 +204,19 @@ impl MemoryPool {
         inputs: &[&wgpu::Buffer],
         outputs: &[&wgpu::Buffer],
     ) -> wgpu::BindGroup {
-        let buffers: Vec<wgpu::Buffer> = inputs.iter().chain(outputs).map(|&b| b.clone()).collect();
-        let key = (inputs.len(), buffers);
+        let query = GroupQuery { inputs, outputs };
         let mut cache = self.bind_groups.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(g) = cache.get(&key) {
+        if let Some(g) = cache.get(&query) {
             return g.clone();
         }
+        let key = GroupKey {
+            inputs: inputs.len(),
+            buffers: inputs.iter().chain(outputs).map(|&b| b.clone()).collect(),
+        };
         let group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some(label),
             layout,
-            entries: &tensor_entries(key.1.iter()),
+            entries: &tensor_entries(key.buffers.iter()),
         });
         if cache.len() >= BIND_GROUPS_KEPT {
             cache.clear();

@@ -2,7 +2,9 @@
 //! pending command encoder that ops record into, the pipeline cache, and
 //! the device-lost and error state.
 
-use std::collections::{BTreeMap, HashMap};
+use hashbrown::{Equivalent, HashMap};
+use std::collections::BTreeMap;
+use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
@@ -66,7 +68,66 @@ pub(crate) struct PendingBytes {
 
 /// A kernel, its override constants (as bits) and whether its parameters
 /// are immediates.
-type PipelineKey = (&'static str, Vec<(&'static str, u64)>, bool);
+#[derive(PartialEq, Eq)]
+struct PipelineKey {
+    name: &'static str,
+    constants: Vec<(&'static str, u64)>,
+    immediates: bool,
+}
+
+/// A [`PipelineKey`] as a dispatch has it, looked up without building one
+/// (a dispatch finds its pipeline in the cache all but the first time).
+struct PipelineQuery<'a> {
+    name: &'static str,
+    constants: &'a [(&'static str, f64)],
+    immediates: bool,
+}
+
+/// The one hash of a [`PipelineKey`] and of its [`PipelineQuery`].
+fn hash_pipeline<H: Hasher>(
+    state: &mut H,
+    name: &str,
+    constants: impl ExactSizeIterator<Item = (&'static str, u64)>,
+    immediates: bool,
+) {
+    name.hash(state);
+    state.write_usize(constants.len());
+    for c in constants {
+        c.hash(state);
+    }
+    immediates.hash(state);
+}
+
+impl Hash for PipelineKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        hash_pipeline(
+            state,
+            self.name,
+            self.constants.iter().copied(),
+            self.immediates,
+        );
+    }
+}
+
+impl Hash for PipelineQuery<'_> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        let bits = self.constants.iter().map(|&(k, v)| (k, v.to_bits()));
+        hash_pipeline(state, self.name, bits, self.immediates);
+    }
+}
+
+impl Equivalent<PipelineKey> for PipelineQuery<'_> {
+    fn equivalent(&self, key: &PipelineKey) -> bool {
+        self.name == key.name
+            && self.immediates == key.immediates
+            && self.constants.len() == key.constants.len()
+            && self
+                .constants
+                .iter()
+                .zip(&key.constants)
+                .all(|(&(k, v), &(kk, bits))| k == kk && v.to_bits() == bits)
+    }
+}
 
 /// Immediate data asked of the device at most: the largest parameter block
 /// of any kernel. Where the adapter offers less (lavapipe: 128 bytes), the
@@ -1074,14 +1135,19 @@ impl Context {
         constants: &[(&'static str, f64)],
         immediates: bool,
     ) -> Result<wgpu::ComputePipeline> {
-        let key: PipelineKey = (
-            kernel.name,
-            constants.iter().map(|&(k, v)| (k, v.to_bits())).collect(),
+        let query = PipelineQuery {
+            name: kernel.name,
+            constants,
             immediates,
-        );
-        if let Some(p) = lock(&self.pipelines).get(&key) {
+        };
+        if let Some(p) = lock(&self.pipelines).get(&query) {
             return Ok(p.clone());
         }
+        let key = PipelineKey {
+            name: kernel.name,
+            constants: constants.iter().map(|&(k, v)| (k, v.to_bits())).collect(),
+            immediates,
+        };
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let started = std::time::Instant::now();
         let module = lock(&self.modules)

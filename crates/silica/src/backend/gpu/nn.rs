@@ -348,11 +348,11 @@ pub(crate) fn attention(
     } else if tq <= DECODE_MAX_TQ {
         let decode = Decode {
             kernel: &DECODE_ATTENTION,
-            constants: vec![
+            constants: decode_constants([
                 ("DT", code(dt)),
                 ("FAST", fast as f64),
                 ("HAS_MASK", has_mask),
-            ],
+            ]),
             params: bytes,
             inputs: &srcs,
             updated: None,
@@ -414,6 +414,14 @@ struct Decode<'a> {
     rows: usize,
     chunks: usize,
     d: usize,
+}
+
+/// A decode kernel's first constants, with room for those `Decode::run`
+/// adds, so that a dispatch allocates once.
+fn decode_constants(first: [(&'static str, f64); 3]) -> Vec<(&'static str, f64)> {
+    let mut c = Vec::with_capacity(10);
+    c.extend(first);
+    c
 }
 
 impl Decode<'_> {
@@ -562,7 +570,7 @@ pub(crate) fn attention_step(
     let dt = qkv.dtype();
     Decode {
         kernel: &ATTENTION_STEP,
-        constants: vec![("DT", code(dt)), ("FAST", 7.0), ("ADJACENT", adjacent)],
+        constants: decode_constants([("DT", code(dt)), ("FAST", 7.0), ("ADJACENT", adjacent)]),
         params: bytemuck::cast_slice(&words),
         inputs: &[buffer(qkv), buffer(cos), buffer(sin)],
         updated: Some(buffer(cache)),

@@ -385,11 +385,13 @@ fn constants(
     out: DType,
     gemv: Option<Gemv>,
 ) -> Vec<(&'static str, f64)> {
-    let mut c = vec![
+    // room for every constant, so that a dispatch allocates once
+    let mut c = Vec::with_capacity(12);
+    c.extend([
         ("FMT", format.gpu_code() as f64),
         ("IN_DT", input.gpu_code() as f64),
         ("OUT_DT", out.gpu_code() as f64),
-    ];
+    ]);
     if let Some(g) = gemv {
         let rows = g.rows;
         let flag = |on: bool| if on { 1.0 } else { 0.0 };
