@@ -111,7 +111,9 @@ pub fn generate(
     // on a GPU, a token picked on the device feeds the next step before it
     // is read back, so the device is not left idle while the host reads it,
     // decodes its text and records the step after (the step queued after
-    // the last token, when generation stops there, is thrown away)
+    // the last token, when generation stops there, is thrown away). The
+    // step's own pick is queued with it, which submits the whole step
+    // before the host waits: the device then always holds a step's work.
     let ahead_ok = model.device().is_gpu();
     let mut first = true;
     let mut t1 = Instant::now();
@@ -123,7 +125,9 @@ pub fn generate(
                     && stats.generated_tokens + 1 < max_tokens
                     && cache.len() < context =>
             {
-                Some(model.forward_ids(id, &mut cache, true)?)
+                let logits = model.forward_ids(id, &mut cache, true)?;
+                // a device pick is an argmax, which needs no history
+                Some(Pick::new(sampler, &logits, &history)?)
             }
             _ => None,
         };
@@ -161,11 +165,13 @@ pub fn generate(
             stats.stop_reason = "context full";
             break;
         }
-        let logits = match ahead {
-            Some(logits) => logits,
-            None => model.forward(&[next], &mut cache, true)?,
+        pick = match ahead {
+            Some(pick) => pick,
+            None => {
+                let logits = model.forward(&[next], &mut cache, true)?;
+                Pick::new(sampler, &logits, &history)?
+            }
         };
-        pick = Pick::new(sampler, &logits, &history)?;
     }
     if stats.stop_reason != "stop string"
         && let Some(rest) = stream.finish()?

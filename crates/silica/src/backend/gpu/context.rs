@@ -20,14 +20,19 @@ const DISPATCH_BUDGET: u32 = 1024;
 
 /// Dispatches recorded before the pending encoder is submitted without
 /// waiting, unless `SILICA_SUBMIT_EVERY` says otherwise: small enough that
-/// the GPU starts on a long sequence of ops (a decoded token is 100-500
-/// dispatches) while the host still records the rest, large enough that
-/// the cost of a submission stays small beside the work it carries. Each
-/// batch also costs the GPU about 20 µs at its start and end (an H100
-/// decoding 1B Q4_0: 951 µs of GPU time a token in one batch, 1,073 in
-/// six). Decode there: 794-813 tok/s at 16, 861-872 at 32, 823-893 at 64,
-/// 595-627 at 128.
-const SUBMIT_EVERY: u32 = 32;
+/// the GPU starts on a long sequence of ops while the host still records
+/// the rest, large enough that the cost of a submission stays small beside
+/// the work it carries. Each batch also costs the GPU about 20 µs at its
+/// start and end (an H100 decoding 1B Q4_0: 951 µs of GPU time a token in
+/// one batch, 1,073 in six). Decode submits each step whole, its pick
+/// included, before it waits for the token before it, so the GPU always
+/// holds a step's work and a batch can be as long as a step. There
+/// (twentieth session), 1B Q4_0 decoded at 920-974 tok/s with 32, 949-989
+/// with 64, 995-1024 with 128, 990-1028 with 256 and 987-1001 with 1,024;
+/// SmolLM2-135M Q4_1 (about 155 dispatches a step) at 880-923, 930-931,
+/// 943-977, 968-981 and 971-1006; the small-op stream at 193,000-212,000
+/// adds/s with 32 and 246,000-256,000 with 128.
+const SUBMIT_EVERY: u32 = 256;
 
 /// A WGSL module: `common.wgsl` followed by the family's file.
 pub(crate) struct Kernel {
