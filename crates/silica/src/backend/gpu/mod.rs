@@ -250,16 +250,16 @@ impl GpuDevice {
         self.check.store(on, Ordering::Relaxed);
     }
 
-    /// Whether decode's products with Q4_0, Q4_1, Q8_0 and Q4_K weights (one row
-    /// of activations, K up to 16,384) round the activations to 8 bits per
-    /// block of 32 and multiply with packed integer dot products, as
-    /// llama.cpp's GPU backends do; the exact f32 kernel otherwise. Each
-    /// output may then differ from the exact product by up to `Σ |w| ·
-    /// amax(x) / 254` over the blocks of 32, the bound of
-    /// [`crate::cpu_int8_activations`]. On by default on GPUs through Vulkan
-    /// (whose drivers run a packed dot product as one instruction), off
-    /// elsewhere; `SILICA_INTEGER_GEMV=1` or `0` decides at device open.
-    /// Check mode (`SILICA_CHECK`) takes the exact kernel whatever this says.
+    /// Whether decode's products with Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K
+    /// weights (one row of activations, K up to 16,384) round the
+    /// activations to 8 bits per block of 32 and multiply with packed
+    /// integer dot products, as llama.cpp's GPU backends do; the exact f32
+    /// kernel otherwise. Each output may then differ from the exact
+    /// product by up to `Σ |w| · amax(x) / 254` over the blocks of 32, the
+    /// bound of [`crate::cpu_int8_activations`]. On by default on GPUs
+    /// through Vulkan (whose drivers run a packed dot product as one
+    /// instruction), off elsewhere; `SILICA_INTEGER_GEMV=1` or `0` decides
+    /// at device open. Check mode (`SILICA_CHECK`) takes the exact kernel whatever this says.
     pub fn int8_activations(&self) -> bool {
         self.ctx.integer_gemv.load(Ordering::Relaxed)
     }
