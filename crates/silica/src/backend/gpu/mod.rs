@@ -259,7 +259,8 @@ impl GpuDevice {
     /// bound of [`crate::cpu_int8_activations`]. On by default on GPUs
     /// through Vulkan (whose drivers run a packed dot product as one
     /// instruction), off elsewhere; `SILICA_INTEGER_GEMV=1` or `0` decides
-    /// at device open. Check mode (`SILICA_CHECK`) takes the exact kernel whatever this says.
+    /// at device open. Check mode (`SILICA_CHECK`) takes the exact kernel
+    /// whatever this says.
     pub fn int8_activations(&self) -> bool {
         self.ctx.integer_gemv.load(Ordering::Relaxed)
     }

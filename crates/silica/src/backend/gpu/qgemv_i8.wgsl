@@ -166,9 +166,9 @@ fn unit_block(u: u32) -> u32 {
 // Words a unit's products read, at most (Q6_K's).
 const UNIT_WORDS: u32 = 22u;
 
-// The words of `n` at word `at` and after into w from index i0; where a
-// run starts 2 bytes past a word (`odd`), n + 1 of them, so that `funnel`
-// can join each pair.
+// Words at..at + n - 1 into w from index i0. A run that may start 2 bytes
+// past a word (Q6_K's) is fetched with one word more than it holds, so
+// that `run_word` can join each pair with `funnel`.
 fn fetch_run(w: ptr<function, array<u32, UNIT_WORDS>>, i0: u32, at: u32, n: u32) {
     for (var i = 0u; i < n; i++) {
         (*w)[i0 + i] = src_w[at + i];
