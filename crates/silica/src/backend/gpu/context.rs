@@ -147,8 +147,8 @@ const UNIFORM_PARAMS: &str = "@group(0) @binding(0) var<uniform> p:";
 /// uniform buffer, so that recording a dispatch writes them into the
 /// command stream and the bind group holds only the tensors' buffers.
 ///
-/// With `subgroups`, kernels that reduce rows through rows.wgsl's tree in
-/// workgroup memory take rows_sg.wgsl's subgroup reductions instead.
+/// With `subgroups`, kernels that reduce through a tree in workgroup memory
+/// take its subgroup form instead (see `SUBGROUP_FORMS`).
 pub(crate) fn kernel_source(
     kernel: &Kernel,
     immediates: bool,
@@ -160,31 +160,47 @@ pub(crate) fn kernel_source(
             .replacen(UNIFORM_PARAMS, "var<immediate> p:", 1)
             .into();
     }
-    if subgroups && source.contains(ROWS_TREE) {
-        source = source.replacen(ROWS_TREE, ROWS_SUBGROUP, 1).into();
+    if subgroups {
+        for (tree, subgroup) in SUBGROUP_FORMS {
+            if source.contains(tree) {
+                source = source.replacen(tree, subgroup, 1).into();
+            }
+        }
     }
     source
 }
 
-/// The row reductions through workgroup memory, and their subgroup form.
-const ROWS_TREE: &str = include_str!("rows.wgsl");
-const ROWS_SUBGROUP: &str = include_str!("rows_sg.wgsl");
+/// Reductions through workgroup memory and their subgroup forms: rows
+/// (softmax, norms, attention), the GEMV kernels' lane sets and the
+/// decode attention's scores.
+const SUBGROUP_FORMS: [(&str, &str); 3] = [
+    (include_str!("rows.wgsl"), include_str!("rows_sg.wgsl")),
+    (include_str!("lanes.wgsl"), include_str!("lanes_sg.wgsl")),
+    (include_str!("scores.wgsl"), include_str!("scores_sg.wgsl")),
+];
 
-/// Whether the kernels reducing rows use subgroup operations (rows_sg.wgsl):
-/// the adapter has them and its subgroups all have one width of 4 or more
-/// (Metal reports 4..64 whatever the GPU: Apple GPUs, 32 wide, are told by
-/// name). `SILICA_NO_SUBGROUPS=1` keeps the workgroup trees.
-fn subgroup_rows(adapter: &wgpu::Adapter) -> bool {
-    if std::env::var("SILICA_NO_SUBGROUPS").is_ok_and(|v| v == "1") {
-        return false;
+/// The subgroup width of the adapter where kernels reduce through subgroup
+/// operations (rows_sg.wgsl, lanes_sg.wgsl, scores_sg.wgsl), 0 where they
+/// keep their trees in workgroup memory: the adapter has subgroup
+/// operations and its subgroups all have one width of 4 or more (Metal
+/// reports 4..64 whatever the GPU: Apple GPUs, 32 wide, are told by name).
+/// `SILICA_NO_SUBGROUPS=1` keeps the trees.
+fn subgroup_width(adapter: &wgpu::Adapter) -> u32 {
+    if std::env::var("SILICA_NO_SUBGROUPS").is_ok_and(|v| v == "1")
+        || !adapter.features().contains(wgpu::Features::SUBGROUP)
+    {
+        return 0;
     }
     let info = adapter.get_info();
-    let fixed = if info.backend == wgpu::Backend::Metal {
-        info.name.starts_with("Apple")
-    } else {
-        info.subgroup_min_size == info.subgroup_max_size && info.subgroup_min_size >= 4
-    };
-    adapter.features().contains(wgpu::Features::SUBGROUP) && fixed
+    if info.backend == wgpu::Backend::Metal {
+        return if info.name.starts_with("Apple") {
+            32
+        } else {
+            0
+        };
+    }
+    let fixed = info.subgroup_min_size == info.subgroup_max_size && info.subgroup_min_size >= 4;
+    if fixed { info.subgroup_min_size } else { 0 }
 }
 
 /// Bytes of one kernel's parameter slot in a slab (the largest uniform
@@ -282,8 +298,9 @@ pub(crate) struct Context {
     /// 16x16x16 f16 cooperative matrices with f32 accumulation, subgroups
     /// of exactly 32: the kernels on coop16.wgsl can run.
     coop16: bool,
-    /// Row reductions through subgroup operations (see `subgroup_rows`).
-    subgroup_rows: bool,
+    /// Reductions through subgroup operations, of this width (see
+    /// `subgroup_width`); 0: through workgroup memory.
+    subgroup_width: u32,
     /// 8x8x8 f16 cooperative matrices with f32 accumulation on an Apple GPU
     /// (simdgroups of 32): matmul_coop.wgsl on coop8.wgsl can run.
     coop8: bool,
@@ -424,7 +441,7 @@ impl Context {
             wanted |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
         }
         let mappable = unified_memory(adapter);
-        let subgroup_rows = subgroup_rows(adapter);
+        let subgroup_width = subgroup_width(adapter);
         if mappable {
             wanted |= wgpu::Features::MAPPABLE_PRIMARY_BUFFERS;
         }
@@ -498,7 +515,7 @@ impl Context {
             name: info.name.clone(),
             coop16,
             coop8,
-            subgroup_rows,
+            subgroup_width,
             forced_matmul: Mutex::new(None),
             integer_gemv: AtomicBool::new(integer_dots(adapter)),
             max_groups: limits.max_compute_workgroups_per_dimension,
@@ -1045,7 +1062,7 @@ impl Context {
         let device = self.device.clone();
         let modules = self.modules.clone();
         let immediates = self.immediate_bytes > 0;
-        let subgroups = self.subgroup_rows;
+        let subgroups = self.subgroup_width > 0;
         let spawned = std::thread::Builder::new()
             .name("silica-wgsl".into())
             .spawn(move || {
@@ -1068,6 +1085,12 @@ impl Context {
 
     pub fn coop8(&self) -> bool {
         self.coop8
+    }
+
+    /// The subgroup width that the kernels' subgroup forms run with, 0
+    /// where they keep their workgroup-memory trees (see `subgroup_width`).
+    pub(crate) fn subgroup_width(&self) -> u32 {
+        self.subgroup_width
     }
 
     /// Bytes of workgroup memory a kernel may use.
@@ -1157,7 +1180,9 @@ impl Context {
         let started = std::time::Instant::now();
         let module = lock(&self.modules)
             .entry((kernel.name, immediates))
-            .or_insert_with(|| create_module(&self.device, kernel, immediates, self.subgroup_rows))
+            .or_insert_with(|| {
+                create_module(&self.device, kernel, immediates, self.subgroup_width > 0)
+            })
             .clone();
         let module_time = started.elapsed();
         let (_, layout) = self.layout(kernel, immediates);

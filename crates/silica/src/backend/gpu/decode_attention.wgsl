@@ -7,15 +7,16 @@
 // each row. With FINAL (one chunk holds every key, and the head size is a
 // multiple of 4) the workgroup normalizes its result and writes the output
 // row itself, in OUT_DT, and no merge pass runs.
-// Every key of the chunk is scored at once: thread t takes the whole dot
-// product of keys t and t + 128; the scores go to workgroup memory, where
-// the maximum and the sum of the weights are reduced. Then thread t takes
-// dimension chunk t % D4 (4 dimensions) for the keys congruent to t / D4
-// modulo 128 / D4, and the 128 / D4 partial sums of each dimension chunk
-// are added in workgroup memory. Head size <= 128. The loops have constant
-// trip counts and no branches around their loads (keys past the chunk are
-// clamped and weigh 0), so that each thread has many loads in flight: the
-// kernel is bound by load latency, not bandwidth.
+// Every key of the chunk is scored at once (scores.wgsl, or with
+// subgroups scores_sg.wgsl, where a few lanes share each key); the scores
+// go to workgroup memory, where the maximum and the sum of the weights are
+// reduced. Then thread t takes dimension chunk t % D4 (4 dimensions) for
+// the keys congruent to t / D4 modulo 128 / D4, and the 128 / D4 partial
+// sums of each dimension chunk are added in workgroup memory. Head size <=
+// 128. The loops have constant trip counts and no branches around their
+// loads (keys past the chunk are clamped and weigh 0), so that each
+// thread has many loads in flight: the kernel is bound by load latency,
+// not bandwidth.
 // With the bindings of attention_step_io.wgsl (STEP), the kernel also does
 // the rest of a decode step: it rotates the queries as it loads them, takes
 // the new position (the last key) from the step's projection instead of
@@ -36,6 +37,9 @@ const UNROLL: u32 = 8u;
 // length test. On an H100 (1B Llama decode, 4-132 keys) the step kernel
 // took 4.5 us less a layer: its loads wait for one another less.
 override WHOLE: bool = false;
+// lanes that share a key's dot product in scores_sg.wgsl (unused by the
+// tree form)
+override KL: u32 = 1u;
 
 // Dimensions in chunk c of a head.
 fn head_chunk(c: u32) -> u32 {
@@ -48,6 +52,26 @@ fn head_chunk(c: u32) -> u32 {
 var<workgroup> qsh: array<vec4<f32>, 32>;
 var<workgroup> score: array<f32, MAX_CHUNK>;
 var<workgroup> acc_sh: array<vec4<f32>, THREADS>;
+
+// The new key's dot product with the query (STEP), from its parts by
+// dimension chunk in acc_sh.
+fn fresh_dot() -> f32 {
+    var x = 0.0;
+    for (var c = 0u; c < D4; c++) {
+        x += acc_sh[c].x;
+    }
+    return x;
+}
+
+// The score of key t of the chunk from its dot product with the (scaled)
+// query: the mask added, NEG_INF past the chunk's n keys.
+fn finish_score(t: u32, n: u32, m0: u32, begin: u32, qk: f32) -> f32 {
+    var x = qk;
+    if HAS_MASK {
+        x += elem(MASK, m0 + (begin + min(t, max(n, 1u) - 1u)) * p.sm.w);
+    }
+    return select(NEG_INF, max(x, NEG_INF), t < n);
+}
 
 @compute @workgroup_size(128)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -100,33 +124,18 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
     workgroupBarrier();
 
-    // scores of keys begin + t and begin + t + 128
+    key_scores(lid, n, k0, m0, begin, fresh);
+    workgroupBarrier();
     var m = NEG_INF;
-    for (var r = 0u; r < MAX_CHUNK / THREADS; r++) {
-        let t = lid + r * THREADS;
-        let kr = k0 + (begin + min(t, max(n, 1u) - 1u)) * p.sk.y;
-        var x = 0.0;
-        if STEP && fresh && t == n - 1u {
-            for (var c = 0u; c < D4; c++) {
-                x += acc_sh[c].x;
-            }
-        } else {
-            for (var c = 0u; c < D4; c++) {
-                x += dot(qsh[c], ld4(K, kr + 4u * c * p.sk.w, head_chunk(c), p.sk.w));
-            }
-        }
-        if HAS_MASK {
-            x += elem(MASK, m0 + (begin + min(t, max(n, 1u) - 1u)) * p.sm.w);
-        }
-        x = select(NEG_INF, max(x, NEG_INF), t < n);
-        score[t] = x;
-        m = max(m, x);
+    for (var t = lid; t < n; t += THREADS) {
+        m = max(m, score[t]);
     }
     m = workgroup_max(m, lid);
     // weights; a hidden key (at most NEG_INF) weighs nothing
     var l = 0.0;
     for (var t = lid; t < MAX_CHUNK; t += THREADS) {
-        let x = score[t];
+        // slots past the chunk's keys may not have been written
+        let x = select(NEG_INF, score[t], t < n);
         let w = select(0.0, exp(x - m), x > NEG_INF);
         score[t] = w;
         l += w;

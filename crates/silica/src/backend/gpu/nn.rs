@@ -106,7 +106,8 @@ pub(crate) static DECODE_ATTENTION: Kernel = Kernel {
         include_str!("attention_io.wgsl"),
         include_str!("attention_loads.wgsl"),
         include_str!("rows.wgsl"),
-        include_str!("decode_attention.wgsl")
+        include_str!("decode_attention.wgsl"),
+        include_str!("scores.wgsl")
     ),
     inputs: 4,
     trusted: true,
@@ -124,7 +125,8 @@ pub(crate) static ATTENTION_STEP: Kernel = Kernel {
         include_str!("attention_step_io.wgsl"),
         include_str!("attention_loads.wgsl"),
         include_str!("rows.wgsl"),
-        include_str!("decode_attention.wgsl")
+        include_str!("decode_attention.wgsl"),
+        include_str!("scores.wgsl")
     ),
     inputs: 3,
     outputs: 2,
@@ -432,8 +434,13 @@ impl Decode<'_> {
         let (rows, chunks, d) = (self.rows, self.chunks, self.d);
         // whole chunks of 4 dimensions
         let whole = d.is_multiple_of(4);
+        // lanes a key in scores_sg.wgsl: a head's chunks rounded up to a
+        // power of two, within a subgroup
+        let width = ctx.subgroup_width().max(1) as usize;
+        let kl = d.div_ceil(4).next_power_of_two().min(width).min(32);
         self.constants.extend([
             ("D4", d.div_ceil(4) as f64),
+            ("KL", kl as f64),
             ("ROW_THREADS", 128.0),
             ("WHOLE", if whole { 1.0 } else { 0.0 }),
         ]);
@@ -625,6 +632,7 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
                     ("FINAL", 1.0),
                     ("OUT_DT", dt),
                     ("D4", 32.0),
+                    ("KL", 32.0),
                     ("ROW_THREADS", 128.0),
                     ("WHOLE", 1.0),
                 ],
@@ -632,7 +640,12 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
         }
         for (adjacent, last) in [(0.0, 1.0), (1.0, 1.0), (0.0, 0.0)] {
             let mut c = vec![("DT", dt), ("FAST", 7.0), ("ADJACENT", adjacent)];
-            c.extend([("D4", 16.0), ("ROW_THREADS", 128.0), ("WHOLE", 1.0)]);
+            c.extend([
+                ("D4", 16.0),
+                ("KL", 8.0),
+                ("ROW_THREADS", 128.0),
+                ("WHOLE", 1.0),
+            ]);
             if last == 1.0 {
                 c.extend([("FINAL", 1.0), ("OUT_DT", dt)]);
             }

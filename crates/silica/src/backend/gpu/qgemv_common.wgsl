@@ -86,18 +86,7 @@ fn with_residual(v: f32, e: u32) -> f32 {
 // Sums each accumulator over the lane set (lanes `lane` of the set whose
 // first output column is col0) and writes the set's columns.
 fn finish(lid: u32, lane: u32, col0: u32, acc: array<f32, 8>) {
-    for (var i = 0u; i < R * M; i++) {
-        partial[i * WG + lid] = acc[i];
-    }
-    workgroupBarrier();
-    for (var s = LANES / 2u; s > 0u; s >>= 1u) {
-        if lane < s {
-            for (var i = 0u; i < R * M; i++) {
-                partial[i * WG + lid] += partial[i * WG + lid + s];
-            }
-        }
-        workgroupBarrier();
-    }
+    lane_sums(lid, lane, acc);
     if lane != 0u {
         return;
     }

@@ -381,18 +381,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
     let ss = round_x(lid, blocks);
     if NORM {
-        partial[lid] = ss;
-        workgroupBarrier();
-        for (var s = WG / 2u; s > 0u; s >>= 1u) {
-            if lid < s {
-                partial[lid] += partial[lid + s];
-            }
-            workgroupBarrier();
-        }
+        // every thread gets the sum; the final sums' barrier publishes inv_rms
+        let total = workgroup_sum(ss, lid);
         if lid == 0u {
-            inv_rms[0] = inverseSqrt(partial[0] / f32(p.k) + bitcast<f32>(p.eps));
+            inv_rms[0] = inverseSqrt(total / f32(p.k) + bitcast<f32>(p.eps));
         }
-        workgroupBarrier();
     }
     var acc: array<f32, 8>;
     if live {

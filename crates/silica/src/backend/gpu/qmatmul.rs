@@ -23,7 +23,7 @@ macro_rules! qkernel {
 
 pub(crate) static QGEMV: Kernel = Kernel {
     name: "qgemv",
-    source: qkernel!("qgemv_common.wgsl", "qgemv.wgsl"),
+    source: qkernel!("qgemv_common.wgsl", "lanes.wgsl", "qgemv.wgsl"),
     // x, the blocks, the norm weight, the residual (x in place of those
     // not fused)
     inputs: 4,
@@ -34,7 +34,12 @@ pub(crate) static QGEMV: Kernel = Kernel {
 
 pub(crate) static QGEMV_I8: Kernel = Kernel {
     name: "qgemv_i8",
-    source: qkernel!("qgemv_common.wgsl", "qgemv_i8.wgsl"),
+    source: qkernel!(
+        "qgemv_common.wgsl",
+        "lanes.wgsl",
+        "rows.wgsl",
+        "qgemv_i8.wgsl"
+    ),
     inputs: 4,
     trusted: true,
     outputs: 1,
@@ -350,8 +355,9 @@ fn integer_rows(format: QuantFormat, rows: usize) -> usize {
 const I8_LANES: usize = 32;
 
 /// Workgroup memory of qgemv_i8 besides x's blocks: the final sums
-/// (8 x 256 f32) and the norm's 8 factors.
-const I8_FIXED_BYTES: usize = 8 * 256 * 4 + 32;
+/// (8 x 256 f32), the norm's 8 factors and the sum of squares' slots
+/// (rows.wgsl).
+const I8_FIXED_BYTES: usize = 8 * 256 * 4 + 32 + 256 * 4;
 
 /// Workgroup memory per block of x in qgemv_i8: 32 quants, scale and sum.
 const I8_BLOCK_BYTES: usize = 32 + 8;
