@@ -15,7 +15,10 @@
 @group(0) @binding(2) var<storage, read> src_w: array<u32>;
 @group(0) @binding(3) var<storage, read> src_g: array<u32>;
 @group(0) @binding(4) var<storage, read> src_r: array<u32>;
-@group(0) @binding(5) var<storage, read_write> dst: array<u32>;
+// the blocks again, 16 bytes an element: whole aligned runs of them in one
+// load each (qgemv_i8.wgsl's K formats)
+@group(0) @binding(5) var<storage, read> src_w4: array<vec4<u32>>;
+@group(0) @binding(6) var<storage, read_write> dst: array<u32>;
 
 override M: u32 = 1u;
 override LANES: u32 = 32u;

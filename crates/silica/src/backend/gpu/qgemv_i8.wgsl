@@ -175,6 +175,21 @@ fn fetch_run(w: ptr<function, array<u32, UNIT_WORDS>>, i0: u32, at: u32, n: u32)
     }
 }
 
+// Words at..at + 4 n - 1 into w from index i0, at a multiple of 4 (Q4_K's
+// 144-byte and Q5_K's 176-byte blocks, and their runs, start on 16 bytes),
+// in n loads of 16 bytes. On an H100 at 7B decode shapes, against one load
+// a word: Q4_K up 14.5 -> 13.6 us, down 13.3 -> 11.5; Q5_K up 21.7 ->
+// 18.2, down 17.4 -> 13.8.
+fn fetch_run4(w: ptr<function, array<u32, UNIT_WORDS>>, i0: u32, at: u32, n: u32) {
+    for (var i = 0u; i < n; i++) {
+        let v = src_w4[(at >> 2u) + i];
+        (*w)[i0 + 4u * i] = v.x;
+        (*w)[i0 + 4u * i + 1u] = v.y;
+        (*w)[i0 + 4u * i + 2u] = v.z;
+        (*w)[i0 + 4u * i + 3u] = v.w;
+    }
+}
+
 // The words that unit u of the block at byte `base` needs: words a (the
 // one holding the block's first byte) to a + 8 (Q8_0; 5 for Q4_0, Q4_1);
 // Q4_K's d and dmin, its 12 scale bytes and the unit's 8 words of nibbles
@@ -194,12 +209,12 @@ fn unit_words(base: u32, u: u32) -> array<u32, UNIT_WORDS> {
         return w;
     }
     if FMT >= 5u {
-        fetch_run(&w, 0u, a, 4u);
+        fetch_run4(&w, 0u, a, 1u);
         if FMT == 6u {
-            fetch_run(&w, 4u, a + 12u + 8u * (u & 3u), 8u);
-            fetch_run(&w, 12u, a + 4u, 8u);
+            fetch_run4(&w, 4u, a + 12u + 8u * (u & 3u), 2u);
+            fetch_run4(&w, 12u, a + 4u, 2u);
         } else {
-            fetch_run(&w, 4u, a + 4u + 8u * (u & 3u), 8u);
+            fetch_run4(&w, 4u, a + 4u + 8u * (u & 3u), 2u);
         }
         return w;
     }

@@ -25,8 +25,8 @@ pub(crate) static QGEMV: Kernel = Kernel {
     name: "qgemv",
     source: qkernel!("qgemv_common.wgsl", "lanes.wgsl", "qgemv.wgsl"),
     // x, the blocks, the norm weight, the residual (x in place of those
-    // not fused)
-    inputs: 4,
+    // not fused), the blocks again (see qgemv_common.wgsl)
+    inputs: 5,
     trusted: true,
     outputs: 1,
     immediates: true,
@@ -40,7 +40,7 @@ pub(crate) static QGEMV_I8: Kernel = Kernel {
         "rows.wgsl",
         "qgemv_i8.wgsl"
     ),
-    inputs: 4,
+    inputs: 5,
     trusted: true,
     outputs: 1,
     immediates: true,
@@ -292,6 +292,7 @@ pub(crate) fn qmatmul(
             buffer(w),
             buffer(g.unwrap_or(x)),
             buffer(r.unwrap_or(x)),
+            buffer(w),
         ],
         None => vec![buffer(x), buffer(w)],
     };
