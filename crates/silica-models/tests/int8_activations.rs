@@ -6,8 +6,8 @@
 //! same tokens (the reference's greedy ones): the logits of every step
 //! close to the reference's, and the greedy choice the same wherever the
 //! reference's choice is not a near-tie. Free-running greedy continuations
-//! are not identical: the 8-bit rounding decides one near-tie in each
-//! golden prompt the other way (the exact products, which tests/llama.rs
+//! are not identical: the 8-bit rounding decides a few near-ties of the
+//! golden prompts the other way (the exact products, which tests/llama.rs
 //! checks, give identical tokens). A test file of its own, so that no
 //! other test in the process switches the 8-bit activations off while it
 //! runs.
@@ -32,8 +32,15 @@ const MAX_REL_ERR: f64 = 0.1;
 
 /// A greedy choice may differ only where the reference's top two tokens
 /// are this close (logits): rounding x to 8 bits decides near-ties its own
-/// way. Measured: one such step in each golden prompt, leads of 0.08-0.16.
+/// way. Measured: leads of 0.013-0.16 where the choices differed.
 const NEAR_TIE: f32 = 0.25;
+
+/// Near-ties a prompt may decide differently. The third golden prompt's 24
+/// steps hold four whose reference lead is under 0.1, and which of them
+/// flip follows the order in which the kernels add (measured on lavapipe:
+/// 1 on the CPU; on the GPU 3 with the subgroup reductions, 2 with the
+/// workgroup-memory ones; the first prompt none).
+const MAX_FLIPS: usize = 3;
 
 #[test]
 fn int8_activations_follow_dequantized_weights() {
@@ -87,11 +94,12 @@ fn follows_dequantized_weights(dev: &Device, gguf: &GgufFile) {
                     margin <= NEAR_TIE,
                     "{dev} {name} step {i}: token {g} chosen over {w}, whose lead is {margin}"
                 );
+                eprintln!("{dev} {name} step {i}: token {g} chosen over {w}, lead {margin}");
                 flips += 1;
             }
         }
         assert!(
-            flips <= 1,
+            flips <= MAX_FLIPS,
             "{dev} {name}: {flips} near-ties decided differently"
         );
     }
