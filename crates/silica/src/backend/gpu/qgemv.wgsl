@@ -16,6 +16,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let col0 = (group_index(wid, nwg) * (WG / LANES) + lid / LANES) * OC;
     let ko = part_k(q);
     let groups = p.k / 32u;
+    let early = residual_words(lane, col0);
     if NORM {
         // sums of squares of the M rows of x, then 1 / rms of each
         for (var r = 0u; r < M; r++) {
@@ -88,5 +89,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             }
         }
     }
-    finish(lid, lane, col0, acc);
+    finish(lid, lane, col0, acc, early);
 }

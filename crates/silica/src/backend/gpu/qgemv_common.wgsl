@@ -78,17 +78,38 @@ fn result(j: u32, r: u32, slot: u32) -> f32 {
     return v;
 }
 
-fn with_residual(v: f32, e: u32) -> f32 {
+// The residual's words that a lane set's first lane adds to row 0 (word j
+// holds column col0 + j; OC + 1 of them, for the word a column may share
+// with the next), loaded when the kernel starts, so that the final writes
+// do not wait for a load of their own. Other rows load theirs at the end.
+fn residual_words(lane: u32, col0: u32) -> array<u32, 9> {
+    var w: array<u32, 9>;
+    if RESIDUAL && lane == 0u {
+        for (var j = 0u; j <= OC; j++) {
+            w[j] = src_r[word_index(p.off_r + min(col0 + j, p.n - 1u), RES_DT)];
+        }
+    }
+    return w;
+}
+
+// v plus the residual's element e (row e / N), where `early` from
+// residual_words holds it in word j if the row is 0.
+fn with_residual(v: f32, e: u32, early: array<u32, 9>, j: u32) -> f32 {
     if RESIDUAL {
         let i = p.off_r + e;
-        return v + decode(src_r[word_index(i, RES_DT)], i, RES_DT);
+        var w = early[j];
+        if e >= p.n {
+            w = src_r[word_index(i, RES_DT)];
+        }
+        return v + decode(w, i, RES_DT);
     }
     return v;
 }
 
 // Sums each accumulator over the lane set (lanes `lane` of the set whose
-// first output column is col0) and writes the set's columns.
-fn finish(lid: u32, lane: u32, col0: u32, acc: array<f32, 8>) {
+// first output column is col0) and writes the set's columns (`early`: see
+// residual_words).
+fn finish(lid: u32, lane: u32, col0: u32, acc: array<f32, 8>, early: array<u32, 9>) {
     lane_sums(lid, lane, acc);
     if lane != 0u {
         return;
@@ -100,7 +121,7 @@ fn finish(lid: u32, lane: u32, col0: u32, acc: array<f32, 8>) {
         }
         for (var r = 0u; r < M; r++) {
             let e = r * p.n + col;
-            let v = with_residual(result(j, r, lid), e);
+            let v = with_residual(result(j, r, lid), e, early, j);
             if OUT_DT == 1u || OUT_DT == 2u {
                 // N is even (the launcher goes through f32 otherwise): the
                 // even column writes the word it shares with the next one,
@@ -113,7 +134,7 @@ fn finish(lid: u32, lane: u32, col0: u32, acc: array<f32, 8>) {
                     } else {
                         next = result(0u, r, lid + LANES);
                     }
-                    dst[e >> 1u] = encode_pair(v, with_residual(next, e + 1u), OUT_DT);
+                    dst[e >> 1u] = encode_pair(v, with_residual(next, e + 1u, early, j + 1u), OUT_DT);
                 }
             } else {
                 dst[e] = bitcast<u32>(v);

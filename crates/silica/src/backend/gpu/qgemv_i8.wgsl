@@ -394,6 +394,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             next[c] = unit_words(row_at[c] + unit_block(lane), lane);
         }
     }
+    let early = residual_words(lane, col0);
     let ss = round_x(lid, blocks);
     if NORM {
         // every thread gets the sum; the final sums' barrier publishes inv_rms
@@ -419,5 +420,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             }
         }
     }
-    finish(lid, lane, col0, acc);
+    finish(lid, lane, col0, acc, early);
 }

@@ -157,9 +157,13 @@ fn gemv_rows(m: usize, n: usize) -> usize {
 /// than 4: with 4, the 2,048 columns of a 1B model's attention output and
 /// down projections fill only 256 workgroups, about 2 per SM of an H100,
 /// too few loads in flight. With 2, decode of a 1B Llama-shaped Q4_0 model
-/// ran 652-665 tok/s against 597-607 (H100, twelfth session); 1 row, or 2
-/// up to 4,096 columns, were slower than this.
-const GEMV_FEW_COLUMNS: usize = 2048;
+/// ran 652-665 tok/s against 597-607 (H100, twelfth session); 1 row was
+/// slower. The bound was 2,048 until the integer kernel (qgemv_i8) took
+/// the decode: with it, 2 rows for the 3,072 columns of the 1B model's
+/// q, k, v product (96 workgroups with 4) took the GPU time of a token
+/// from 840.7 to 826.7 us. At 4,096 columns 2 rows lost (7B down product
+/// in Q4_0 12.2 -> 15.5 us).
+const GEMV_FEW_COLUMNS: usize = 3072;
 
 /// Lanes per set of the GEMV kernel: 32, or more when the sets (one per
 /// `rows` weight rows) are too few to keep about half a million threads
@@ -223,7 +227,7 @@ pub(crate) fn qmatmul(
     let (kernel, grid, gemv) = if m <= GEMV_MAX_M {
         // qgemv_i8 where the device allows 8-bit activations, else the f32
         // kernel. Both take 4 weight rows per lane set, 2 for outputs of up
-        // to 2,048 columns; SwiGLU keeps 4 (its products were not measured
+        // to 3,072 columns; SwiGLU keeps 4 (its products were not measured
         // with 2). For qgemv_i8 on an H100, 2 rows up to 4,096 columns took
         // the 7B down product from 14.0 to 19.5 µs, 4 everywhere the 1B
         // down product from 9.1 to 11-12 µs.
