@@ -3,7 +3,7 @@
 // (`dot4I8Packed`, one instruction where the driver has them: dp4a on
 // NVIDIA). Every workgroup first rounds x to 8 bits per block of 32 into
 // workgroup memory, as GGML's Q8_0 does (scale max |x| / 127), four
-// threads a block, or one where x has more blocks than half the
+// threads a block, or one where x has more blocks than a quarter of the
 // workgroup's threads. Then each lane takes whole weight blocks of its
 // set's R rows (lane l of LANES: blocks l, l + LANES, ...), so that a
 // subgroup's loads of a row are one contiguous run, and sums each block as
@@ -99,9 +99,12 @@ fn round_x4(lid: u32, blocks: u32) -> f32 {
 }
 
 // Rounds x into xq and xd, one thread a block: no barrier but the last.
-// Faster than round_x4 once x has more blocks than half the workgroup's
-// threads (K = 11,008 on an H100: Q8_0 25.4 us against 28.0, Q4_0 13.2
-// against 13.9).
+// Faster than round_x4 once round_x4 would need a second round, that is
+// where x has more blocks than a quarter of the workgroup's threads. On an
+// H100: K = 11,008, Q8_0 25.4 us against 28.0, Q4_0 13.2 against 13.9; K
+// = 4,096 (7B up product), Q4_K 13.6 -> 13.0 us, Q5_K 18.2 -> 17.5, Q8_0
+// 23.1 -> 22.5, Q4_0 10.2 -> 10.4. (Loading both rounds' parts of
+// round_x4 before the first instead: Q4_K 13.6 -> 13.8.)
 fn round_x1(lid: u32, blocks: u32) -> f32 {
     var ss = 0.0;
     for (var b = lid; b < blocks; b += WG) {
@@ -134,7 +137,7 @@ fn round_x1(lid: u32, blocks: u32) -> f32 {
 // Rounds x into xq and xd and returns this thread's sum of squares of x
 // (for NORM).
 fn round_x(lid: u32, blocks: u32) -> f32 {
-    if blocks > WG / 2u {
+    if blocks > WG / 4u {
         return round_x1(lid, blocks);
     }
     return round_x4(lid, blocks);
