@@ -23,15 +23,16 @@
 // the cache, and the first query head of each KV head writes that
 // position's key (rotated) and value into the cache, for the later steps.
 
-// Threads of a workgroup, set by the launcher: 256 where one workgroup
-// takes every key of its row (at most 256), so that each thread loads one
-// round of keys and one of values; 128 where the keys are split. On an
+// Threads of a workgroup: rows.wgsl's ROW_THREADS, which the launcher
+// sets to 256 where one workgroup takes every key of its row (at most
+// 256), so that each thread loads one round of keys and one of values, and
+// to 128 where the keys are split. On an
 // H100 over 256 keys (32 query heads, 8 KV heads of 64, f16) 256 threads
 // took 7.1 us against 8.3. (Loading the first round's keys and values
 // before the query, so that the three loads wait together, made the 1B
 // decode slower: 842 against 836 us of GPU time a token with 256
 // threads, 883 against 859 with 128.)
-override THREADS: u32 = 128u;
+override THREADS: u32 = ROW_THREADS;
 const MAX_CHUNK: u32 = 256u;
 
 override FINAL: bool = false;

@@ -438,14 +438,12 @@ impl Decode<'_> {
         // power of two, within a subgroup
         let width = ctx.subgroup_width().max(1) as usize;
         let kl = d.div_ceil(4).next_power_of_two().min(width).min(32);
-        // threads a workgroup: 256 where one takes every key of its row
-        // (see decode_attention.wgsl)
-        let threads = if chunks == 1 { 256.0 } else { 128.0 };
+        // threads a workgroup (ROW_THREADS, also decode_attention.wgsl's
+        // THREADS): 256 where one takes every key of its row
         self.constants.extend([
             ("D4", d.div_ceil(4) as f64),
             ("KL", kl as f64),
-            ("THREADS", threads),
-            ("ROW_THREADS", threads),
+            ("ROW_THREADS", if chunks == 1 { 256.0 } else { 128.0 }),
             ("WHOLE", if whole { 1.0 } else { 0.0 }),
         ]);
         let mut outputs: Vec<&wgpu::Buffer> = self.updated.into_iter().collect();
@@ -646,14 +644,9 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
             let mut c = vec![("DT", dt), ("FAST", 7.0), ("ADJACENT", adjacent)];
             c.extend([("D4", 16.0), ("KL", 8.0), ("WHOLE", 1.0)]);
             if last == 1.0 {
-                c.extend([
-                    ("FINAL", 1.0),
-                    ("OUT_DT", dt),
-                    ("THREADS", 256.0),
-                    ("ROW_THREADS", 256.0),
-                ]);
+                c.extend([("FINAL", 1.0), ("OUT_DT", dt), ("ROW_THREADS", 256.0)]);
             } else {
-                c.extend([("THREADS", 128.0), ("ROW_THREADS", 128.0)]);
+                c.push(("ROW_THREADS", 128.0));
             }
             out.push((&ATTENTION_STEP, c));
         }

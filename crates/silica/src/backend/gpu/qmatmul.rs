@@ -161,8 +161,7 @@ fn gemv_rows(m: usize, n: usize) -> usize {
 /// slower. The bound was 2,048 until the integer kernel (qgemv_i8) took
 /// the decode: with it, 2 rows for the 3,072 columns of the 1B model's
 /// q, k, v product (96 workgroups with 4) took the GPU time of a token
-/// from 840.7 to 826.7 us. At 4,096 columns 2 rows lost (7B down product
-/// in Q4_0 12.2 -> 15.5 us).
+/// from 840.7 to 826.7 us. At 4,096 columns 2 rows lose (see `qmatmul`).
 const GEMV_FEW_COLUMNS: usize = 3072;
 
 /// Lanes per set of the GEMV kernel: 32, or more when the sets (one per
