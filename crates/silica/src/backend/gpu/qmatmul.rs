@@ -144,14 +144,23 @@ const GEMV_MAX_M: usize = 8;
 
 /// Weight rows that one set of lanes of the GEMV kernel dots with the
 /// same values of x: as many as the 8 accumulators allow for M rows of x,
-/// but 2 instead of 4 for outputs of up to [`GEMV_FEW_COLUMNS`] columns.
+/// but 2 instead of 4 for outputs of up to [`GEMV_FEW_COLUMNS`] columns,
+/// and 1 for one row of x and up to [`GEMV_FEWEST_COLUMNS`].
 fn gemv_rows(m: usize, n: usize) -> usize {
     match m {
         1 | 2 if n > GEMV_FEW_COLUMNS => 4,
+        1 if n <= GEMV_FEWEST_COLUMNS => 1,
         1..=4 => 2,
         _ => 1,
     }
 }
+
+/// Output columns up to which a GEMV lane set takes 1 weight row: 8 lane
+/// sets a workgroup give at most 128 workgroups then, fewer than an H100
+/// has SMs. Decode of a SmolLM2-135M-shaped Q4_1 model (576 and 960
+/// columns) took 864 us of GPU time a token against 893 with 2 rows; at
+/// 2,048 columns 1 row lost (1B Q4_0: 911 against 840 us).
+const GEMV_FEWEST_COLUMNS: usize = 1024;
 
 /// Output columns up to which a GEMV lane set takes 2 weight rows rather
 /// than 4: with 4, the 2,048 columns of a 1B model's attention output and
@@ -226,14 +235,15 @@ pub(crate) fn qmatmul(
     let (kernel, grid, gemv) = if m <= GEMV_MAX_M {
         // qgemv_i8 where the device allows 8-bit activations, else the f32
         // kernel. Both take 4 weight rows per lane set, 2 for outputs of up
-        // to 3,072 columns; SwiGLU keeps 4 (its products were not measured
-        // with 2). For qgemv_i8 on an H100, 2 rows up to 4,096 columns took
-        // the 7B down product from 14.0 to 19.5 µs, 4 everywhere the 1B
-        // down product from 9.1 to 11-12 µs.
+        // to 3,072 columns, 1 up to 1,024 (see gemv_rows); SwiGLU keeps 4
+        // but in qgemv_i8's K formats (see integer_rows). For qgemv_i8 on
+        // an H100, 2 rows up to 4,096 columns took the 7B down product from
+        // 14.0 to 19.5 µs, 4 everywhere the 1B down product from 9.1 to
+        // 11-12 µs.
         let x_blocks = integer_gemv(ctx, int8, format, m, k);
         let mut rows = gemv_rows(m, if fusion.swiglu { usize::MAX } else { n });
         if x_blocks.is_some() {
-            rows = integer_rows(format, rows);
+            rows = integer_rows(format, rows, fusion.swiglu);
         }
         let oc = output_columns(rows, fusion);
         let lanes = match x_blocks {
@@ -345,13 +355,18 @@ pub(crate) fn integer_format(format: QuantFormat) -> bool {
 /// decode shapes (4,096 x 4,096, 11,008 x 4,096, 4,096 x 11,008), Q6_K
 /// took 35.1, 90.0 and 93.5 us with 4 rows, 12.3, 23.3 and 25.5 with 2,
 /// 13.0, 26.0 and 35.5 with 1 (the f32 kernel: 15.8, 36.6, 36.7). Q4_K
-/// and Q5_K keep 4: with 2, their down product lost (15.0 -> 20.2 and
-/// 19.0 -> 24.4 us).
-fn integer_rows(format: QuantFormat, rows: usize) -> usize {
-    if format == QuantFormat::Q6_K {
-        rows.min(2)
-    } else {
-        rows
+/// and Q5_K keep 4 for plain products: with 2, their down product lost
+/// (15.0 -> 20.2 and 19.0 -> 24.4 us). Their SwiGLU products (gate and up
+/// rows of the same columns) take 2: decode of Llama-shaped
+/// Q4_K models took 876-878 against 909 us of GPU time a token (1B),
+/// 2,136 against 2,410 (3B) and 5,908-6,257 against 6,517-6,654 (8B).
+/// Q4_0 lost with 2 (1B 840 -> 861, 3B 1,931 -> 2,002), so the simple
+/// formats keep 4. Q5_K follows Q4_K without a model of its own measured.
+fn integer_rows(format: QuantFormat, rows: usize, swiglu: bool) -> usize {
+    match format {
+        QuantFormat::Q6_K => rows.min(2),
+        QuantFormat::Q4_K | QuantFormat::Q5_K if swiglu => rows.min(2),
+        _ => rows,
     }
 }
 
@@ -473,8 +488,15 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
                 for lanes in [64, 128] {
                     out.push(gemv(1, rows(1), lanes, QFusion::NONE));
                 }
-                // two weight rows per lane set at M = 1 (few output columns)
+                // two weight rows per lane set at M = 1 (few output columns),
+                // and one (fewer)
                 out.push(gemv(1, gemv_rows(1, GEMV_FEW_COLUMNS), 128, QFusion::NONE));
+                out.push(gemv(
+                    1,
+                    gemv_rows(1, GEMV_FEWEST_COLUMNS),
+                    32,
+                    QFusion::NONE,
+                ));
                 // every fusion at decode (one row, four weight rows per
                 // lane set) and SwiGLU with two weight rows per lane set
                 let bits = match format {
@@ -483,8 +505,17 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
                 };
                 if integer_format(format) {
                     for xb in [128, 512] {
-                        out.push(integer(integer_rows(format, rows(1)), QFusion::NONE, xb));
+                        out.push(integer(
+                            integer_rows(format, rows(1), false),
+                            QFusion::NONE,
+                            xb,
+                        ));
                         out.push(integer(gemv_rows(1, GEMV_FEW_COLUMNS), QFusion::NONE, xb));
+                        out.push(integer(
+                            gemv_rows(1, GEMV_FEWEST_COLUMNS),
+                            QFusion::NONE,
+                            xb,
+                        ));
                     }
                 }
                 for bits in bits {
@@ -495,7 +526,11 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
                     };
                     out.push(gemv(1, rows(1), 32, fusion));
                     if integer_format(format) {
-                        out.push(integer(integer_rows(format, rows(1)), fusion, 128));
+                        out.push(integer(
+                            integer_rows(format, rows(1), fusion.swiglu),
+                            fusion,
+                            128,
+                        ));
                     }
                     if fusion.swiglu {
                         out.push(gemv(3, rows(3), 32, fusion));
