@@ -155,11 +155,13 @@ fn gemv_rows(m: usize, n: usize) -> usize {
     }
 }
 
-/// Output columns up to which a GEMV lane set takes 1 weight row: 8 lane
-/// sets a workgroup give at most 128 workgroups then, fewer than an H100
-/// has SMs. Decode of a SmolLM2-135M-shaped Q4_1 model (576 and 960
-/// columns) took 864 us of GPU time a token against 893 with 2 rows; at
-/// 2,048 columns 1 row lost (1B Q4_0: 911 against 840 us).
+/// Output columns up to which a GEMV lane set takes 1 weight row: with
+/// sets of 32 lanes (8 a workgroup) there are at most 128 workgroups then,
+/// fewer than an H100 has SMs. Decode of a SmolLM2-135M-shaped Q4_1 model
+/// (576 and 960 columns) took 864 us of GPU time a token against 893 with
+/// 2 rows; at 2,048 columns 1 row lost (1B Q4_0: 911 against 840 us).
+/// Measured with qgemv_i8; the f32 GEMV (devices without 8-bit
+/// activations) follows the same bound unmeasured.
 const GEMV_FEWEST_COLUMNS: usize = 1024;
 
 /// Output columns up to which a GEMV lane set takes 2 weight rows rather
