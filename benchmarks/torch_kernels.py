@@ -12,12 +12,16 @@ true f32 as silica's are. The ratio column is silica's speed over PyTorch's
 """
 
 import argparse
+import itertools
 import json
 import math
 import time
 
 import torch
 import torch.nn.functional as F
+
+# Bytes of weights a cold case cycles through (COLD_BYTES in bench.rs).
+COLD_BYTES = 256 << 20
 
 DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 
@@ -26,14 +30,17 @@ def build(kind, dtype, dev):
     """The case as a callable, from the kind silica printed."""
     op = kind["op"]
     rnd = lambda *shape: torch.randn(*shape, dtype=dtype, device=dev)  # noqa: E731
-    if op == "Linear":
-        a, w = rnd(kind["m"], kind["k"]), rnd(kind["n"], kind["k"])
-        return lambda: F.linear(a, w)
-    if op == "QLinear":
-        # PyTorch has no GGML block kernels: its peer is the same product
-        # with a dense weight of the compute dtype
-        a, w = rnd(kind["m"], kind["k"]), rnd(kind["n"], kind["k"])
-        return lambda: F.linear(a, w)
+    if op in ("Linear", "QLinear"):
+        # PyTorch has no GGML block kernels: the peer of a quantized product
+        # is the same product with a dense weight of the compute dtype. A
+        # cold case cycles through copies of the weight, as silica's does
+        # (COLD_BYTES in bench.rs), so that each call reads it from memory.
+        n, k = kind["n"], kind["k"]
+        a, w = rnd(kind["m"], k), rnd(n, k)
+        size = n * k * w.element_size()
+        ws = [w] + [w.clone() for _ in range(-(-COLD_BYTES // size) - 1)] if kind.get("cold") else [w]
+        it = itertools.cycle(ws)
+        return lambda: F.linear(a, next(it))
     if op == "QChain":
         # a chain of products through distinct dense weights, per product
         n, layers = kind["n"], kind["layers"]

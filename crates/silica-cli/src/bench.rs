@@ -5,6 +5,10 @@
 //! prefill), plus the dispatch cost of small ops and a device-to-device
 //! copy as the bandwidth yardstick.
 //!
+//! The decode products (one row of x) cycle through 256 MiB of copies of
+//! their weight, one copy a call, so that their GB/s are those of weights
+//! read from memory as in a decode step, not from the GPU's cache.
+//!
 //! Times are per call, averaged over enough calls to fill about
 //! `--seconds` in one command stream, after 0.4 s of warm-up (at most
 //! `--seconds`: a GPU that idled runs at its idle clock at first). On a GPU with
@@ -54,18 +58,22 @@ fn parse_seconds(s: &str) -> Result<f64, String> {
 #[derive(Clone, Debug)]
 enum Kind {
     /// `x [m, k] @ w [n, k]ᵀ`, the weight stored row-major as in checkpoints.
+    /// With `cold`, see [`COLD_BYTES`].
     Linear {
         m: usize,
         n: usize,
         k: usize,
+        cold: bool,
     },
     /// `x [m, k] @ w [n, k]ᵀ` with `w` quantized (blocks decoded in the
-    /// kernel); its GB/s count the quantized bytes.
+    /// kernel); its GB/s count the quantized bytes. With `cold`, see
+    /// [`COLD_BYTES`].
     QLinear {
         format: QuantFormat,
         m: usize,
         n: usize,
         k: usize,
+        cold: bool,
     },
     /// `layers` products `x ← x @ w_iᵀ` in a row, one vector x and square
     /// quantized weights [n, n], each its own matrix: the weights are read
@@ -140,7 +148,12 @@ fn cases(large: bool, cpu: bool) -> Vec<Case> {
             for (proj, n, k) in [("qkv/o", d, d), ("up", ffn, d), ("down", d, ffn)] {
                 push(
                     format!("linear {model} {phase} {proj} {m}x{n}x{k}"),
-                    Kind::Linear { m, n, k },
+                    Kind::Linear {
+                        m,
+                        n,
+                        k,
+                        cold: m == 1,
+                    },
                 );
             }
         }
@@ -170,7 +183,13 @@ fn cases(large: bool, cpu: bool) -> Vec<Case> {
                     }
                     push(
                         format!("qlinear {format} {model} {phase} {proj} {m}x{n}x{k}"),
-                        Kind::QLinear { format, m, n, k },
+                        Kind::QLinear {
+                            format,
+                            m,
+                            n,
+                            k,
+                            cold: m == 1,
+                        },
                     );
                 }
             }
@@ -195,7 +214,15 @@ fn cases(large: bool, cpu: bool) -> Vec<Case> {
     for s in squares {
         push(format!("matmul {s}^3"), Kind::Matmul { m: s, n: s, k: s });
         // the same product against a weight stored [N, K], as a checkpoint stores it
-        push(format!("linear {s}^3"), Kind::Linear { m: s, n: s, k: s });
+        push(
+            format!("linear {s}^3"),
+            Kind::Linear {
+                m: s,
+                n: s,
+                k: s,
+                cold: false,
+            },
+        );
     }
     let mut rows = vec![1, 512];
     if !cpu || large {
@@ -260,6 +287,29 @@ fn cases(large: bool, cpu: bool) -> Vec<Case> {
     v
 }
 
+/// Bytes of weights that a `cold` product cycles through, one copy per
+/// call, so that each call reads its weight from memory rather than from
+/// the last-level cache, as a decode step does (it reads every weight once
+/// per token). A product that reused one weight would be timed from the
+/// cache wherever the weight fits it: an H100's 50 MB L2 holds every 7B
+/// decode weight in 4 bits. 256 MiB is five times that L2, and above the
+/// largest system-level caches of Apple's chips.
+const COLD_BYTES: usize = 256 << 20;
+
+/// How many copies of a weight of `bytes` a case cycles through.
+/// `SILICA_BENCH_COLD_MIB` (for kernel work) sets another total.
+fn copies(cold: bool, bytes: usize) -> usize {
+    if cold {
+        let total = std::env::var("SILICA_BENCH_COLD_MIB")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .map_or(COLD_BYTES, |mib| mib << 20);
+        total.div_ceil(bytes.max(1)).max(1)
+    } else {
+        1
+    }
+}
+
 /// The inputs of a case and the function that runs it once.
 type Runner = Box<dyn Fn() -> silica::Result<Tensor>>;
 
@@ -267,22 +317,43 @@ fn build(kind: &Kind, dtype: DType, dev: &Device) -> silica::Result<(Runner, f64
     let rnd = |shape: &[usize], seed: u64| Tensor::randn(shape, dtype, seed, dev);
     let es = dtype.size_in_bytes() as f64;
     Ok(match *kind {
-        Kind::Linear { m, n, k } | Kind::Matmul { m, n, k } => {
-            let a = rnd(&[m, k], 1)?;
-            let b = match kind {
-                Kind::Linear { .. } => rnd(&[n, k], 2)?.t()?,
-                _ => rnd(&[k, n], 2)?,
-            };
+        Kind::Matmul { m, n, k } => {
+            let (a, b) = (rnd(&[m, k], 1)?, rnd(&[k, n], 2)?);
             let flops = 2.0 * (m * n * k) as f64;
             let bytes = es * (m * k + k * n + m * n) as f64;
             (Box::new(move || a.matmul(&b)), flops, bytes)
         }
-        Kind::QLinear { format, m, n, k } => {
+        Kind::Linear { m, n, k, cold } => {
+            let a = rnd(&[m, k], 1)?;
+            let w = rnd(&[n, k], 2)?;
+            let ws = (0..copies(cold, n * k * dtype.size_in_bytes()))
+                .map(|i| if i == 0 { Ok(w.clone()) } else { w.copy() }?.t())
+                .collect::<silica::Result<Vec<_>>>()?;
+            let flops = 2.0 * (m * n * k) as f64;
+            let bytes = es * (m * k + k * n + m * n) as f64;
+            let next = std::cell::Cell::new(0);
+            let run = move || a.matmul(&ws[next.replace((next.get() + 1) % ws.len())]);
+            (Box::new(run), flops, bytes)
+        }
+        Kind::QLinear {
+            format,
+            m,
+            n,
+            k,
+            cold,
+        } => {
             let x = rnd(&[m, k], 1)?;
             let w = QTensor::random(format, &[n, k], 2, dev)?;
+            let host = w.to_bytes()?;
+            let mut ws = vec![w];
+            for _ in 1..copies(cold, host.len()) {
+                ws.push(QTensor::from_bytes(format, &[n, k], &host, dev)?);
+            }
             let flops = 2.0 * (m * n * k) as f64;
-            let bytes = w.size_in_bytes() as f64 + es * (m * k + m * n) as f64;
-            (Box::new(move || x.matmul_q(&w)), flops, bytes)
+            let bytes = host.len() as f64 + es * (m * k + m * n) as f64;
+            let next = std::cell::Cell::new(0);
+            let run = move || x.matmul_q(&ws[next.replace((next.get() + 1) % ws.len())]);
+            (Box::new(run), flops, bytes)
         }
         Kind::QChain { format, n, layers } => {
             let x = rnd(&[1, n], 1)?;
