@@ -153,21 +153,31 @@ fn encode(ty: GgmlType, values: &[f32]) -> Result<Vec<u8>, CliError> {
 
 /// Converts `rows` rows of `row_len` values into `sink` as `ty`, a slice of
 /// rows at a time: `produce(first_row, n_rows)` gives the f32 values of the
-/// slice; `progress` hears how many elements are done.
+/// slice; `progress` hears how many elements are done. As many slices as
+/// there are threads are made and encoded at once, and written in order.
 fn convert_rows(
     sink: &mut TensorSink<'_>,
     ty: GgmlType,
     rows: usize,
     row_len: usize,
-    mut produce: impl FnMut(usize, usize) -> Result<Vec<f32>, CliError>,
+    produce: impl Fn(usize, usize) -> Result<Vec<f32>, CliError> + Sync,
     progress: &mut Progress,
 ) -> Result<(), CliError> {
+    use rayon::prelude::*;
     let step = (CHUNK_ELEMENTS / row_len).max(1);
-    for first in (0..rows).step_by(step) {
-        let n = step.min(rows - first);
-        let values = produce(first, n)?;
-        sink.write(&encode(ty, &values)?)?;
-        progress.advance((n * row_len) as u64);
+    let slices: Vec<(usize, usize)> = (0..rows)
+        .step_by(step)
+        .map(|first| (first, step.min(rows - first)))
+        .collect();
+    for batch in slices.chunks(rayon::current_num_threads()) {
+        let encoded: Vec<Result<Vec<u8>, CliError>> = batch
+            .par_iter()
+            .map(|&(first, n)| encode(ty, &produce(first, n)?))
+            .collect();
+        for (bytes, &(_, n)) in encoded.into_iter().zip(batch) {
+            sink.write(&bytes?)?;
+            progress.advance((n * row_len) as u64);
+        }
     }
     Ok(())
 }

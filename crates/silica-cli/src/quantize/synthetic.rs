@@ -275,14 +275,17 @@ pub fn write(shape: Shape, target: Target, seed: u64, output: &Path) -> Result<S
         progress.tensor(name, GgmlType::F32, *ty);
         let row_len = dims.last().copied().unwrap_or(1);
         let rows = numel(dims) / row_len;
-        // One generator per tensor: a tensor's values depend only on the
-        // seed and its index.
-        let mut rng =
-            StdRng::seed_from_u64(seed ^ (index as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
         let is_norm = dims.len() == 1;
         out.write_tensor_with(name, |sink| {
-            let produce = |_first: usize, n: usize| {
+            // One generator per slice of rows: a slice's values depend only
+            // on the seed, the tensor's index and its first row, so that
+            // slices are made in parallel.
+            let produce = |first: usize, n: usize| {
                 let len = n * row_len;
+                let mut rng = StdRng::seed_from_u64(
+                    seed ^ (index as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                        ^ (first as u64).wrapping_mul(0xD1B5_4A32_D192_ED03),
+                );
                 Ok(if is_norm {
                     vec![1.0; len]
                 } else {
