@@ -237,15 +237,16 @@ pub(crate) fn qmatmul(
     let (kernel, grid, gemv) = if m <= GEMV_MAX_M {
         // qgemv_i8 where the device allows 8-bit activations, else the f32
         // kernel. Both take 4 weight rows per lane set, 2 for outputs of up
-        // to 3,072 columns, 1 up to 1,024 (see gemv_rows); SwiGLU keeps 4
-        // but in qgemv_i8's K formats (see integer_rows). For qgemv_i8 on
+        // to 3,072 columns, 1 up to 1,024 (see gemv_rows); SwiGLU keeps 4.
+        // qgemv_i8 takes at most 2 for Q6_K, and for Q4_K/Q5_K in SwiGLU
+        // and in short rows (see integer_rows). For qgemv_i8 on
         // an H100, 2 rows up to 4,096 columns took the 7B down product from
         // 14.0 to 19.5 µs, 4 everywhere the 1B down product from 9.1 to
         // 11-12 µs.
         let x_blocks = integer_gemv(ctx, int8, format, m, k);
         let mut rows = gemv_rows(m, if fusion.swiglu { usize::MAX } else { n });
         if x_blocks.is_some() {
-            rows = integer_rows(format, rows, fusion.swiglu);
+            rows = integer_rows(format, rows, fusion.swiglu, k);
         }
         let oc = output_columns(rows, fusion);
         let lanes = match x_blocks {
@@ -364,13 +365,28 @@ pub(crate) fn integer_format(format: QuantFormat) -> bool {
 /// 2,136 against 2,410 (3B) and 5,908-6,257 against 6,517-6,654 (8B).
 /// Q4_0 lost with 2 (1B 840 -> 861, 3B 1,931 -> 2,002), so the simple
 /// formats keep 4. Q5_K follows Q4_K without a model of its own measured.
-fn integer_rows(format: QuantFormat, rows: usize, swiglu: bool) -> usize {
+/// Plain Q4_K/Q5_K products of rows of up to [`I8_SHORT_K`] values take
+/// 2 as well.
+fn integer_rows(format: QuantFormat, rows: usize, swiglu: bool, k: usize) -> usize {
     match format {
         QuantFormat::Q6_K => rows.min(2),
-        QuantFormat::Q4_K | QuantFormat::Q5_K if swiglu => rows.min(2),
+        QuantFormat::Q4_K | QuantFormat::Q5_K if swiglu || k <= I8_SHORT_K => rows.min(2),
         _ => rows,
     }
 }
+
+/// Values a weight row holds up to which qgemv_i8's Q4_K/Q5_K lanes take
+/// 2 rows in every product (see [`integer_rows`]). A lane then does 2
+/// units of each row (with 32 lanes a row), and its 4 rows' units, 48 or
+/// 80 bytes each with the block's scales, held twice (the current and the
+/// next), keep fewer workgroups on an SM than the loads need. On an H100,
+/// with weights read from memory (`silica bench`'s decode cases): 4,096 x
+/// 4,096 Q4_K 9.0 -> 8.6 us, 11,008 x 4,096 15.7 -> 14.8 (Q5_K 10.1 ->
+/// 9.4, 22.8 -> 18.9), but 4,096 x 11,008 lost (Q4_K 15.9 -> 18.7). Decode
+/// of a Llama-shaped 3B Q4_K model (K = 3,072: attention input and LM
+/// head) took 2,050 against 2,195 us of GPU time a token. Q4_0 and Q8_0
+/// lost in 1B models at K = 2,048 (838 -> 857 and 987 -> 993 us).
+const I8_SHORT_K: usize = 4096;
 
 /// Lanes per weight row of qgemv_i8 (each takes whole blocks).
 const I8_LANES: usize = 32;
@@ -506,9 +522,9 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
                     _ => 0..0,
                 };
                 if integer_format(format) {
-                    for xb in [128, 512] {
+                    for (xb, k) in [(128, I8_SHORT_K), (512, usize::MAX)] {
                         out.push(integer(
-                            integer_rows(format, rows(1), false),
+                            integer_rows(format, rows(1), false, k),
                             QFusion::NONE,
                             xb,
                         ));
@@ -528,11 +544,10 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
                     };
                     out.push(gemv(1, rows(1), 32, fusion));
                     if integer_format(format) {
-                        out.push(integer(
-                            integer_rows(format, rows(1), fusion.swiglu),
-                            fusion,
-                            128,
-                        ));
+                        for (xb, k) in [(128, I8_SHORT_K), (512, usize::MAX)] {
+                            let rows = integer_rows(format, rows(1), fusion.swiglu, k);
+                            out.push(integer(rows, fusion, xb));
+                        }
                     }
                     if fusion.swiglu {
                         out.push(gemv(3, rows(3), 32, fusion));
