@@ -310,6 +310,28 @@ fn copies(cold: bool, bytes: usize) -> usize {
     }
 }
 
+/// A case's copies of its weight, handed out in turn (see [`COLD_BYTES`]).
+struct Cycle<T> {
+    items: Vec<T>,
+    next: std::cell::Cell<usize>,
+}
+
+impl<T> Cycle<T> {
+    /// `items` must not be empty.
+    fn new(items: Vec<T>) -> Self {
+        Cycle {
+            items,
+            next: std::cell::Cell::new(0),
+        }
+    }
+
+    fn next(&self) -> &T {
+        let i = self.next.get();
+        self.next.set((i + 1) % self.items.len());
+        &self.items[i]
+    }
+}
+
 /// The inputs of a case and the function that runs it once.
 type Runner = Box<dyn Fn() -> silica::Result<Tensor>>;
 
@@ -331,9 +353,8 @@ fn build(kind: &Kind, dtype: DType, dev: &Device) -> silica::Result<(Runner, f64
                 .collect::<silica::Result<Vec<_>>>()?;
             let flops = 2.0 * (m * n * k) as f64;
             let bytes = es * (m * k + k * n + m * n) as f64;
-            let next = std::cell::Cell::new(0);
-            let run = move || a.matmul(&ws[next.replace((next.get() + 1) % ws.len())]);
-            (Box::new(run), flops, bytes)
+            let ws = Cycle::new(ws);
+            (Box::new(move || a.matmul(ws.next())), flops, bytes)
         }
         Kind::QLinear {
             format,
@@ -344,16 +365,19 @@ fn build(kind: &Kind, dtype: DType, dev: &Device) -> silica::Result<(Runner, f64
         } => {
             let x = rnd(&[m, k], 1)?;
             let w = QTensor::random(format, &[n, k], 2, dev)?;
-            let host = w.to_bytes()?;
+            let size = w.size_in_bytes();
             let mut ws = vec![w];
-            for _ in 1..copies(cold, host.len()) {
-                ws.push(QTensor::from_bytes(format, &[n, k], &host, dev)?);
+            let copies = copies(cold, size);
+            if copies > 1 {
+                let host = ws[0].to_bytes()?;
+                for _ in 1..copies {
+                    ws.push(QTensor::from_bytes(format, &[n, k], &host, dev)?);
+                }
             }
             let flops = 2.0 * (m * n * k) as f64;
-            let bytes = host.len() as f64 + es * (m * k + m * n) as f64;
-            let next = std::cell::Cell::new(0);
-            let run = move || x.matmul_q(&ws[next.replace((next.get() + 1) % ws.len())]);
-            (Box::new(run), flops, bytes)
+            let bytes = size as f64 + es * (m * k + m * n) as f64;
+            let ws = Cycle::new(ws);
+            (Box::new(move || x.matmul_q(ws.next())), flops, bytes)
         }
         Kind::QChain { format, n, layers } => {
             let x = rnd(&[1, n], 1)?;

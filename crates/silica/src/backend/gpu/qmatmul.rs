@@ -376,10 +376,10 @@ fn integer_rows(format: QuantFormat, rows: usize, swiglu: bool, k: usize) -> usi
 }
 
 /// Values a weight row holds up to which qgemv_i8's Q4_K/Q5_K lanes take
-/// 2 rows in every product (see [`integer_rows`]). A lane then does 2
-/// units of each row (with 32 lanes a row), and its 4 rows' units, 48 or
-/// 80 bytes each with the block's scales, held twice (the current and the
-/// next), keep fewer workgroups on an SM than the loads need. On an H100,
+/// 2 rows in every product (see [`integer_rows`]). A lane then does at
+/// most 2 units of each row (with 32 lanes a row); with 4 rows it would
+/// hold 4 rows' units of 48 or 80 bytes twice (the current and the next),
+/// which presumably keeps fewer workgroups on an SM (not profiled). On an H100,
 /// with weights read from memory (`silica bench`'s decode cases): 4,096 x
 /// 4,096 Q4_K 9.0 -> 8.6 us, 11,008 x 4,096 15.7 -> 14.8 (Q5_K 10.1 ->
 /// 9.4, 22.8 -> 18.9), but 4,096 x 11,008 lost (Q4_K 15.9 -> 18.7). Decode
@@ -387,6 +387,12 @@ fn integer_rows(format: QuantFormat, rows: usize, swiglu: bool, k: usize) -> usi
 /// head) took 2,050 against 2,195 us of GPU time a token. Q4_0 and Q8_0
 /// lost in 1B models at K = 2,048 (838 -> 857 and 987 -> 993 us).
 const I8_SHORT_K: usize = 4096;
+
+/// qgemv_i8's two sizes of x's buffer (`XB`, see [`integer_gemv`]), each
+/// with the longest row it takes that still counts as short for
+/// [`integer_rows`]: the specializations the shader test builds.
+#[cfg(test)]
+const I8_BUFFERS: [(usize, usize); 2] = [(128, I8_SHORT_K), (512, usize::MAX)];
 
 /// Lanes per weight row of qgemv_i8 (each takes whole blocks).
 const I8_LANES: usize = 32;
@@ -522,7 +528,7 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
                     _ => 0..0,
                 };
                 if integer_format(format) {
-                    for (xb, k) in [(128, I8_SHORT_K), (512, usize::MAX)] {
+                    for (xb, k) in I8_BUFFERS {
                         out.push(integer(
                             integer_rows(format, rows(1), false, k),
                             QFusion::NONE,
@@ -544,7 +550,7 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
                     };
                     out.push(gemv(1, rows(1), 32, fusion));
                     if integer_format(format) {
-                        for (xb, k) in [(128, I8_SHORT_K), (512, usize::MAX)] {
+                        for (xb, k) in I8_BUFFERS {
                             let rows = integer_rows(format, rows(1), fusion.swiglu, k);
                             out.push(integer(rows, fusion, xb));
                         }
