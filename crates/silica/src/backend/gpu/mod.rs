@@ -11,6 +11,8 @@ mod copy;
 mod elementwise;
 mod matmul;
 mod nn;
+#[cfg(test)]
+mod pipeline_stats;
 pub(crate) mod qmatmul;
 mod reduce;
 #[cfg(test)]

@@ -5,7 +5,7 @@
 use super::context::kernel_source;
 use super::{Kernel, copy, elementwise, matmul, nn, qmatmul, reduce};
 
-fn all() -> Vec<(&'static Kernel, Vec<(&'static str, f64)>)> {
+pub(super) fn all() -> Vec<(&'static Kernel, Vec<(&'static str, f64)>)> {
     let mut v = elementwise::specializations();
     v.extend(reduce::specializations());
     v.extend(matmul::specializations());
