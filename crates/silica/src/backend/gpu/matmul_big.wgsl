@@ -7,7 +7,10 @@
 // the loads are in flight while it computes. On an H100 (f32, 4096^3) that
 // took matmul from 4,261 to 3,598 us and linear from 4,545 to 4,199 us.
 // Two stages of tiles with one barrier a step (32 KB of workgroup memory)
-// were slower: 5,163 us with the fetch ahead, 7,538 us without it; tile
+// were slower: 5,163 us with the fetch ahead, 7,538 us without it, and
+// 6,274 us with the two stages' steps unrolled. The driver gave that one
+// 161 registers a thread against 123 for this kernel (pipeline_stats.rs),
+// so one 256-thread workgroup fits an SM's 64K registers instead of two; tile
 // columns XOR-swizzled by k (no conflicts in the transposing stores) took
 // 3,873 us. Where the tile and the step lie inside the operands, the
 // vector fetches skip their edge tests: 3,598 -> 3,510 us (linear
