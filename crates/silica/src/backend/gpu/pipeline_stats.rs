@@ -17,8 +17,7 @@
 //! forms, bounds checks only for untrusted kernels), with its parameters in
 //! the uniform buffer rather than in immediates.
 
-use super::context::kernel_source;
-use super::shader_tests::all;
+use super::shader_tests::{all, parse, specialize};
 use ash::vk;
 
 /// The driver's statistics of one pipeline, one line an executable.
@@ -66,8 +65,7 @@ fn statistics(
 #[test]
 #[ignore = "needs a Vulkan driver with VK_KHR_pipeline_executable_properties; run on demand"]
 fn pipeline_statistics() {
-    use naga::back::{PipelineConstants, spv};
-    use naga::valid::{Capabilities, ValidationFlags, Validator};
+    use naga::back::spv;
 
     let filter = std::env::var("SILICA_STATS_FILTER").unwrap_or_default();
     // SAFETY: loading the system's Vulkan loader
@@ -99,10 +97,11 @@ fn pipeline_statistics() {
             .device_name_as_c_str()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
+        let available = instance
+            .enumerate_device_extension_properties(pd)
+            .expect("device extensions");
         let has = |ext: &std::ffi::CStr| {
-            instance
-                .enumerate_device_extension_properties(pd)
-                .expect("device extensions")
+            available
                 .iter()
                 .any(|e| e.extension_name_as_c_str() == Ok(ext))
         };
@@ -169,25 +168,10 @@ fn pipeline_statistics() {
             if !what.contains(filter.as_str()) || (needs_coop && !coop) {
                 continue;
             }
-            let (module, info) = parsed.entry(kernel.name).or_insert_with(|| {
-                let source = kernel_source(kernel, false, true);
-                let module = naga::front::wgsl::parse_str(&source).expect("WGSL");
-                let info = Validator::new(ValidationFlags::all(), Capabilities::all())
-                    .validate(&module)
-                    .expect("a valid module");
-                (module, info)
-            });
-            let mut pc = PipelineConstants::default();
-            for (k, v) in &constants {
-                pc.insert(k.to_string(), *v);
-            }
-            let (m, i) = naga::back::pipeline_constants::process_overrides(
-                module,
-                info,
-                Some((naga::ShaderStage::Compute, "main")),
-                &pc,
-            )
-            .expect("overrides");
+            let (module, info) = parsed
+                .entry(kernel.name)
+                .or_insert_with(|| parse(kernel, false, true));
+            let (m, i) = specialize(module, info, &constants, &what);
             let checked = if kernel.trusted {
                 naga::proc::BoundsCheckPolicy::Unchecked
             } else {

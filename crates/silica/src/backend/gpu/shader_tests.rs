@@ -4,6 +4,7 @@
 
 use super::context::kernel_source;
 use super::{Kernel, copy, elementwise, matmul, nn, qmatmul, reduce};
+use std::borrow::Cow;
 
 pub(super) fn all() -> Vec<(&'static Kernel, Vec<(&'static str, f64)>)> {
     let mut v = elementwise::specializations();
@@ -15,10 +16,46 @@ pub(super) fn all() -> Vec<(&'static Kernel, Vec<(&'static str, f64)>)> {
     v
 }
 
+/// The kernel's module (see `kernel_source`), parsed and validated.
+pub(super) fn parse(
+    kernel: &Kernel,
+    immediates: bool,
+    subgroups: bool,
+) -> (naga::Module, naga::valid::ModuleInfo) {
+    use naga::valid::{Capabilities, ValidationFlags, Validator};
+    let source = kernel_source(kernel, immediates, subgroups);
+    let module = naga::front::wgsl::parse_str(&source)
+        .unwrap_or_else(|e| panic!("{}: {}", kernel.name, e.emit_to_string(&source)));
+    let info = Validator::new(ValidationFlags::all(), Capabilities::all())
+        .validate(&module)
+        .unwrap_or_else(|e| panic!("{}: {}", kernel.name, e.emit_to_string(&source)));
+    (module, info)
+}
+
+/// The module with its override constants set, as a pipeline would build
+/// it (`what` names it in a failure).
+pub(super) fn specialize<'a>(
+    module: &'a naga::Module,
+    info: &'a naga::valid::ModuleInfo,
+    constants: &[(&'static str, f64)],
+    what: &str,
+) -> (Cow<'a, naga::Module>, Cow<'a, naga::valid::ModuleInfo>) {
+    let mut pc = naga::back::PipelineConstants::default();
+    for (k, v) in constants {
+        pc.insert(k.to_string(), *v);
+    }
+    naga::back::pipeline_constants::process_overrides(
+        module,
+        info,
+        Some((naga::ShaderStage::Compute, "main")),
+        &pc,
+    )
+    .unwrap_or_else(|e| panic!("{what}: overrides: {e}"))
+}
+
 #[test]
 fn every_kernel_translates_to_msl_and_spirv() {
-    use naga::back::{PipelineConstants, msl, spv};
-    use naga::valid::{Capabilities, ValidationFlags, Validator};
+    use naga::back::{msl, spv};
 
     let mut parsed = std::collections::HashMap::new();
     let mut count = 0;
@@ -45,28 +82,13 @@ fn every_kernel_translates_to_msl_and_spirv() {
                     kernel.name
                 );
                 assert!(!subgroups || source.contains("subgroupAdd"));
-                let module = naga::front::wgsl::parse_str(&source)
-                    .unwrap_or_else(|e| panic!("{}: {}", kernel.name, e.emit_to_string(&source)));
-                let info = Validator::new(ValidationFlags::all(), Capabilities::all())
-                    .validate(&module)
-                    .unwrap_or_else(|e| panic!("{}: {}", kernel.name, e.emit_to_string(&source)));
-                (module, info)
+                parse(kernel, immediates, subgroups)
             });
-            let mut pc = PipelineConstants::default();
-            for (k, v) in &constants {
-                pc.insert(k.to_string(), *v);
-            }
             let what = format!(
                 "{} {constants:?} immediates: {immediates} subgroups: {subgroups}",
                 kernel.name
             );
-            let (m, i) = naga::back::pipeline_constants::process_overrides(
-                module,
-                info,
-                Some((naga::ShaderStage::Compute, "main")),
-                &pc,
-            )
-            .unwrap_or_else(|e| panic!("{what}: overrides: {e}"));
+            let (m, i) = specialize(module, info, &constants, &what);
             let msl_options = msl::Options {
                 lang_version: (2, 4),
                 ..Default::default()
