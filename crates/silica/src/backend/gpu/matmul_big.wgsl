@@ -14,7 +14,13 @@
 // columns XOR-swizzled by k (no conflicts in the transposing stores) took
 // 3,873 us. Where the tile and the step lie inside the operands, the
 // vector fetches skip their edge tests: 3,598 -> 3,510 us (linear
-// unchanged). Params from matmul_common.wgsl; a and b are bound
+// unchanged). Later, on an H200: two stages of 16 written
+// without unrolling took 122 registers and still ran 1.7x slower (5,998
+// us), as if its 32 KB of workgroup memory also left one workgroup an
+// SM; two stages of 8 (16 KB, 108 registers) took 4,112 us. Spreading
+// each warp's vec4 fetches over 32 rows (conflict-free transposing
+// stores, half-used 32-byte sectors) took matmul to 3,580 us and linear
+// from 4,212 to 4,148. Params from matmul_common.wgsl; a and b are bound
 // as arrays of vec4 words (every pool buffer is a multiple of 16 bytes) so
 // that operands contiguous along the loaded dimension are read four
 // elements at a time:
