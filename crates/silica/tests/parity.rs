@@ -787,8 +787,11 @@ fn nn_cases(cases: &mut Vec<Case>) {
 
 /// `cached_attention`: on a GPU a single new position with a head size that
 /// is a multiple of 8 (up to 128) and contiguous operands runs as one
-/// kernel (two once the keys span several chunks of 256), anything else as
-/// rope, slice_assign and attention. Each case returns the attention and
+/// kernel, anything else as rope, slice_assign and attention. The kernel
+/// is the subgroup one where a head's 16-byte chunks fit a subgroup and
+/// number a power of two (on lavapipe, 8 lanes wide: f32 heads of 8, 16,
+/// 32, 16-bit heads of 16, 32, 64), otherwise the split one (two kernels
+/// once the keys span several chunks of 256). Each case returns the attention and
 /// the whole cache after the step, side by side, so that the rows written
 /// (and those that must stay as they were) are compared too.
 fn cached_attention_cases(cases: &mut Vec<Case>) {
@@ -806,8 +809,11 @@ fn cached_attention_cases(cases: &mut Vec<Case>) {
         bool,
         bool,
     );
-    let steps: [Step; 10] = [
+    let steps: [Step; 13] = [
         (1, 0, 4, 2, 1, 8, Half, false, false),
+        (1, 100, 128, 8, 2, 64, Half, false, false),
+        (1, 700, 800, 4, 2, 64, Half, false, false),
+        (1, 255, 256, 4, 1, 32, Half, false, false),
         (1, 7, 9, 4, 2, 64, Adjacent, false, false),
         (1, 255, 300, 2, 2, 128, Half, false, false),
         (1, 256, 300, 2, 1, 64, Adjacent, false, false),

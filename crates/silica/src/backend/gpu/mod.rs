@@ -44,6 +44,7 @@ fn every_kernel() -> Vec<&'static Kernel> {
         &qmatmul::QGEMV,
         &qmatmul::QGEMV_I8,
         &nn::ATTENTION_STEP,
+        &nn::ATTENTION_STEP_SG,
         &reduce::NORM_VEC,
         &nn::ROPE,
         &elementwise::BINARY,
@@ -111,6 +112,7 @@ impl GpuDevice {
                 "matmul_coop" | "matmul_coop_vec" | "matmul_coop_wide" | "qmatmul_coop"
                 | "flash_coop" => ctx.coop16(),
                 "matmul_coop8" => ctx.coop8(),
+                "attention_step_sg" => ctx.subgroup_width() > 0,
                 _ => true,
             })
             .collect();

@@ -133,6 +133,20 @@ pub(crate) static ATTENTION_STEP: Kernel = Kernel {
     immediates: true,
     trusted: true,
 };
+/// [`ATTENTION_STEP`] with one barrier, a workgroup a query head: keys
+/// split over lanes of a subgroup (attention_step_sg.wgsl).
+pub(crate) static ATTENTION_STEP_SG: Kernel = Kernel {
+    name: "attention_step_sg",
+    source: concat!(
+        include_str!("common.wgsl"),
+        include_str!("attention_params.wgsl"),
+        include_str!("attention_step_sg.wgsl")
+    ),
+    inputs: 3,
+    outputs: 2,
+    immediates: true,
+    trusted: true,
+};
 /// Merges the chunks of [`DECODE_ATTENTION`].
 pub(crate) static ATTENTION_COMBINE: Kernel = Kernel {
     name: "attention_combine",
@@ -512,8 +526,10 @@ pub(crate) fn fuses_step(
             .all(|t| t.is_contiguous() && t.layout().offset().is_multiple_of(2))
 }
 
-/// One decode step of attention over a KV cache in one kernel (two when
-/// the cache spans several chunks of keys): `qkv` `[1, heads + 2 KVH, D]`
+/// One decode step of attention over a KV cache in one kernel: through
+/// subgroups ([`ATTENTION_STEP_SG`]) where the adapter's allow, otherwise
+/// [`ATTENTION_STEP`] (two kernels when the cache spans several chunks of
+/// keys): `qkv` `[1, heads + 2 KVH, D]`
 /// holds the new position's queries, key and value (not rotated); `cos`
 /// and `sin` `[1, D / 2]` its angles; `cache` `[capacity, 2 KVH, D]` the
 /// keys and values of positions `0..start`, to which the kernel adds
@@ -577,6 +593,20 @@ pub(crate) fn attention_step(
         0.0
     };
     let dt = qkv.dtype();
+    if let Some(lanes) = step_sg_lanes(ctx, qkv, cache, tk, style) {
+        return ctx.dispatch_outputs(
+            &ATTENTION_STEP_SG,
+            &[
+                ("DT", code(dt)),
+                ("ADJACENT", adjacent),
+                ("LK", lanes as f64),
+            ],
+            bytemuck::cast_slice(&words),
+            &[buffer(qkv), buffer(cos), buffer(sin)],
+            &[buffer(cache), out.raw()],
+            ctx.grid(u(heads, "head count")?),
+        );
+    }
     Decode {
         kernel: &ATTENTION_STEP,
         constants: decode_constants([("DT", code(dt)), ("FAST", 7.0), ("ADJACENT", adjacent)]),
@@ -588,6 +618,42 @@ pub(crate) fn attention_step(
         d,
     }
     .run(ctx, out, dt)
+}
+
+/// Keys a step takes through [`ATTENTION_STEP_SG`], at most. On an H100
+/// (f16, 1B, 8B and SmolLM2-135M Llama shapes, 9 to 32 query heads) that
+/// kernel beat the split one with its merge pass at every length measured,
+/// up to 4,004 keys; longer caches keep the split kernel, whose
+/// workgroups grow with the keys.
+const STEP_SG_KEYS: usize = 4096;
+
+/// The lanes a key of [`ATTENTION_STEP_SG`] (its head's 16-byte chunks)
+/// where that kernel runs this step: subgroups of one width that hold a
+/// key's lanes, a power of two of them, halves of whole chunks for the
+/// rotate-half layout, operands at multiples of 16 bytes, and at most
+/// [`STEP_SG_KEYS`] keys.
+fn step_sg_lanes(
+    ctx: &Context,
+    qkv: &Tensor,
+    cache: &Tensor,
+    tk: usize,
+    style: RopeStyle,
+) -> Option<usize> {
+    let size = qkv.dtype().size_in_bytes();
+    let d = qkv.shape()[2];
+    let per_chunk = 16 / size;
+    let lanes = d / per_chunk;
+    let half_whole = style == RopeStyle::Adjacent || (d / 2).is_multiple_of(per_chunk);
+    let aligned = [qkv, cache]
+        .iter()
+        .all(|t| t.layout().offset().is_multiple_of(per_chunk));
+    (ctx.subgroup_width() as usize >= lanes
+        && d.is_multiple_of(per_chunk)
+        && lanes.is_power_of_two()
+        && half_whole
+        && aligned
+        && tk <= STEP_SG_KEYS)
+        .then_some(lanes)
 }
 
 #[cfg(test)]
@@ -649,6 +715,12 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
                 c.push(("ROW_THREADS", 128.0));
             }
             out.push((&ATTENTION_STEP, c));
+        }
+        for (adjacent, lanes) in [(0.0, 8.0), (1.0, 16.0)] {
+            out.push((
+                &ATTENTION_STEP_SG,
+                vec![("DT", dt), ("ADJACENT", adjacent), ("LK", lanes)],
+            ));
         }
         out.push((&ATTENTION_COMBINE, vec![("OUT_DT", dt)]));
         for (mask, df) in [(0.0, 8.0), (1.0, 4.0), (0.0, 1.0)] {
