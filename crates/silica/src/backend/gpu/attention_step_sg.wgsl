@@ -44,12 +44,10 @@ override LK: u32 = 8u;
 const THREADS: u32 = 256u;
 // rounds of keys whose loads are in flight together
 const U: u32 = 4u;
-// subgroups a workgroup, at most (width 4 or more)
-const MAX_SUBGROUPS: u32 = THREADS / 4u;
-
-// Per subgroup, the merged state of each chunk of dimensions: m, l and
-// the 8 dimensions (fewer for f32) of y.
-var<workgroup> merged: array<array<f32, 10>, 256>;
+// Per subgroup, the merged state of each chunk of dimensions ([subgroup]
+// [chunk], at most THREADS entries since a subgroup holds LK lanes or
+// more): m, l and the 8 dimensions (4 for f32) of y.
+var<workgroup> merged: array<array<f32, 10>, THREADS>;
 
 // Elements of DT in 16 bytes.
 fn chunk_elems() -> u32 {
