@@ -527,7 +527,8 @@ pub(crate) fn fuses_step(
 }
 
 /// One decode step of attention over a KV cache in one kernel: through
-/// subgroups ([`ATTENTION_STEP_SG`]) where the adapter's allow, otherwise
+/// subgroups ([`ATTENTION_STEP_SG`]) where the adapter's subgroups allow it,
+/// otherwise
 /// [`ATTENTION_STEP`] (two kernels when the cache spans several chunks of
 /// keys): `qkv` `[1, heads + 2 KVH, D]`
 /// holds the new position's queries, key and value (not rotated); `cos`
