@@ -527,10 +527,9 @@ pub(crate) fn fuses_step(
 }
 
 /// One decode step of attention over a KV cache in one kernel: through
-/// subgroups ([`ATTENTION_STEP_SG`]) where the adapter's subgroups allow it,
-/// otherwise
-/// [`ATTENTION_STEP`] (two kernels when the cache spans several chunks of
-/// keys): `qkv` `[1, heads + 2 KVH, D]`
+/// subgroups ([`ATTENTION_STEP_SG`]) where the adapter's subgroups allow
+/// it, otherwise [`ATTENTION_STEP`] (two kernels when the cache spans
+/// several chunks of keys): `qkv` `[1, heads + 2 KVH, D]`
 /// holds the new position's queries, key and value (not rotated); `cos`
 /// and `sin` `[1, D / 2]` its angles; `cache` `[capacity, 2 KVH, D]` the
 /// keys and values of positions `0..start`, to which the kernel adds
