@@ -791,7 +791,9 @@ fn nn_cases(cases: &mut Vec<Case>) {
 /// is the subgroup one where a head's 16-byte chunks fit a subgroup and
 /// number a power of two (on lavapipe, 8 lanes wide: f32 heads of 8, 16,
 /// 32, 16-bit heads of 16, 32, 64), otherwise the split one (two kernels
-/// once the keys span several chunks of 256). Each case returns the attention and
+/// once the keys span several chunks of 256). Past 512 keys the subgroup
+/// kernel splits the keys too (chunks of 512 or more), and a merge pass
+/// follows. Each case returns the attention and
 /// the whole cache after the step, side by side, so that the rows written
 /// (and those that must stay as they were) are compared too.
 fn cached_attention_cases(cases: &mut Vec<Case>) {
@@ -809,7 +811,7 @@ fn cached_attention_cases(cases: &mut Vec<Case>) {
         bool,
         bool,
     );
-    let steps: [Step; 13] = [
+    let steps: [Step; 15] = [
         (1, 0, 4, 2, 1, 8, Half, false, false),
         (1, 100, 128, 8, 2, 64, Half, false, false),
         (1, 700, 800, 4, 2, 64, Half, false, false),
@@ -823,6 +825,9 @@ fn cached_attention_cases(cases: &mut Vec<Case>) {
         (1, 3, 6, 2, 1, 144, Adjacent, false, false),
         (3, 4, 10, 4, 2, 16, Adjacent, false, false),
         (2, 255, 260, 2, 1, 32, Half, false, false),
+        // long caches: the subgroup kernel in 9 and 10 chunks a head
+        (1, 4500, 4600, 4, 2, 64, Half, false, false),
+        (1, 5119, 5120, 2, 2, 32, Adjacent, false, false),
     ];
     for dtype in DType::FLOATS {
         for (t, start, cap, h, kvh, hd, style, strided, shared) in steps {

@@ -22,7 +22,16 @@
 // twice, less the time without) went from 7.2 us (decode_attention.wgsl)
 // to 4.5 us, and the token from 840 to 779 us. Over 1,000 tokens of the
 // synthetic 8B shape (heads of 128) a token took 3,123 us against 3,863
-// with the split kernel past 256 keys; see STEP_SG_KEYS in nn.rs.
+// with the split kernel past 256 keys. Past 4,096 keys, where that kernel
+// still ran, splitting this one's keys over workgroups (below) took a
+// token of 8B after a prompt of 24,002 tokens from 8,127 to about 5,450
+// us; see `sg_chunks` in nn.rs for the chunk sizes.
+//
+// A long cache is split over p.chunks workgroups a head, p.chunk keys
+// each (a multiple of U * THREADS / LK): each writes its state, (m, l, 2
+// unused words, y) in f32 words, as decode_attention.wgsl's chunks do,
+// for attention_combine.wgsl to merge (`dst` is then that pass's scratch
+// buffer).
 //
 // The launcher (nn.rs `step_sg_lanes`) checks: a head size whose 16-byte
 // chunks number LK, a power of two no wider than a subgroup, each half of
@@ -181,12 +190,16 @@ fn batch_words(t0: u32, slot: u32, slots: u32, k0: u32, v0: u32, cached_last: u3
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32, @builtin(subgroup_size) width: u32) {
-    let h = group_index(wid, nwg);
+    let g = group_index(wid, nwg);
     // a whole workgroup leaves together, so the barrier stays in uniform
     // control flow
-    if h >= p.heads {
+    if g >= p.heads * p.chunks {
         return;
     }
+    let h = g / p.chunks;
+    let chunk = g % p.chunks;
+    let begin = chunk * p.chunk;
+    let end = min(begin + p.chunk, p.tk);
     let n = chunk_elems();
     let kvh = h / (p.heads / p.kv_heads);
     let j = lid % LK;
@@ -202,20 +215,20 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 
     // the first round of keys and values is in flight before the query
     // is loaded, the next one before this one's scores are computed
-    var next = batch_words(0u, slot, slots, k0, v0, cached_last);
+    var next = batch_words(begin, slot, slots, k0, v0, cached_last);
     let q = rotated(p.off_q + h * p.sq.z, j);
     let kf = rotated(p.off_m + kvh * p.sq.z, j);
     let vf = unpack16(src_q[(p.sm.x + kvh * p.sq.z + e0) / n]);
-    if h % (p.heads / p.kv_heads) == 0u && slot == 0u {
+    if h % (p.heads / p.kv_heads) == 0u && slot == 0u && chunk == 0u {
         cache[(k0 + last * p.sk.y) / n] = pack16(kf);
         cache[(v0 + last * p.sv.y) / n] = pack16(vf);
     }
 
     var st: State;
     st.m = NEG_INF;
-    for (var t0 = 0u; t0 < p.tk; t0 += U * slots) {
+    for (var t0 = begin; t0 < end; t0 += U * slots) {
         let cur = next;
-        if t0 + U * slots < p.tk {
+        if t0 + U * slots < end {
             next = batch_words(t0 + U * slots, slot, slots, k0, v0, cached_last);
         }
         var s: array<f32, U>;
@@ -230,7 +243,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             for (var o = LK / 2u; o > 0u; o >>= 1u) {
                 x += subgroupShuffleXor(x, o);
             }
-            s[u] = select(NEG_INF, x * p.scale, t < p.tk);
+            s[u] = select(NEG_INF, x * p.scale, t < end);
             top = max(top, s[u]);
         }
         let f = exp(st.m - top);
@@ -245,7 +258,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
                 v = vf;
             }
             // a key past the last weighs nothing, whatever its row holds
-            let live = t < p.tk;
+            let live = t < end;
             let w = select(0.0, exp(s[u] - top), live);
             st.l += w;
             st.y[0] += w * select(vec4<f32>(0.0), v[0], live);
@@ -274,6 +287,18 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         b.y[0] = vec4<f32>(r[2], r[3], r[4], r[5]);
         b.y[1] = vec4<f32>(r[6], r[7], r[8], r[9]);
         all = merge(all, b);
+    }
+    if p.chunks > 1u {
+        // this chunk's record: m, l, two unused words, then y
+        let r = g * (p.record / 4u);
+        if lid == 0u {
+            dst[r] = vec4<u32>(bitcast<u32>(all.m), bitcast<u32>(all.l), 0u, 0u);
+        }
+        dst[r + 1u + e0 / 4u] = bitcast<vec4<u32>>(all.y[0]);
+        if DT != 0u {
+            dst[r + 2u + e0 / 4u] = bitcast<vec4<u32>>(all.y[1]);
+        }
+        return;
     }
     var out: array<vec4<f32>, 2>;
     out[0] = all.y[0] / all.l;

@@ -474,8 +474,7 @@ impl Decode<'_> {
                 ctx.grid(to_u32(rows, "workgroup count")?),
             );
         }
-        let record = decode_record(d);
-        let scratch = ctx.pool.alloc((rows * chunks * record * 4) as u64)?;
+        let scratch = chunk_records(ctx, rows, chunks, d)?;
         outputs.push(scratch.raw());
         ctx.dispatch_outputs(
             self.kernel,
@@ -485,21 +484,42 @@ impl Decode<'_> {
             &outputs,
             ctx.grid(to_u32(rows * chunks, "workgroup count")?),
         )?;
-        let header = [
-            to_u32(rows, "row count")?,
-            d as u32,
-            chunks as u32,
-            record as u32,
-        ];
-        ctx.dispatch(
-            &ATTENTION_COMBINE,
-            &[("OUT_DT", code(out_dtype))],
-            bytemuck::cast_slice(&header),
-            &[scratch.raw()],
-            out.raw(),
-            ctx.grid(header[0]),
-        )
+        combine(ctx, &scratch, rows, chunks, d, out, out_dtype)
     }
+}
+
+/// A scratch buffer for the partial results of `chunks` chunks of keys of
+/// each of `rows` rows (see [`decode_record`]).
+fn chunk_records(ctx: &Context, rows: usize, chunks: usize, d: usize) -> Result<GpuBuffer> {
+    ctx.pool
+        .alloc((rows * chunks * decode_record(d) * 4) as u64)
+}
+
+/// Merges the chunks' partial results in `scratch` into the output rows
+/// ([`ATTENTION_COMBINE`]).
+fn combine(
+    ctx: &Context,
+    scratch: &GpuBuffer,
+    rows: usize,
+    chunks: usize,
+    d: usize,
+    out: &GpuBuffer,
+    out_dtype: DType,
+) -> Result<()> {
+    let header = [
+        to_u32(rows, "row count")?,
+        d as u32,
+        chunks as u32,
+        decode_record(d) as u32,
+    ];
+    ctx.dispatch(
+        &ATTENTION_COMBINE,
+        &[("OUT_DT", code(out_dtype))],
+        bytemuck::cast_slice(&header),
+        &[scratch.raw()],
+        out.raw(),
+        ctx.grid(header[0]),
+    )
 }
 
 /// Words of one chunk's partial result: m, l, two unused words, the head.
@@ -593,8 +613,17 @@ pub(crate) fn attention_step(
         0.0
     };
     let dt = qkv.dtype();
-    if let Some(lanes) = step_sg_lanes(ctx, qkv, cache, tk, style) {
-        return ctx.dispatch_outputs(
+    if let Some(lanes) = step_sg_lanes(ctx, qkv, cache, style) {
+        let (chunk, sg_chunks) = sg_chunks(tk);
+        let n = words.len();
+        words[n - 3] = u(chunk, "chunk size")?;
+        words[n - 2] = u(sg_chunks, "chunk count")?;
+        let scratch = if sg_chunks > 1 {
+            Some(chunk_records(ctx, heads, sg_chunks, d)?)
+        } else {
+            None
+        };
+        ctx.dispatch_outputs(
             &ATTENTION_STEP_SG,
             &[
                 ("DT", code(dt)),
@@ -603,9 +632,13 @@ pub(crate) fn attention_step(
             ],
             bytemuck::cast_slice(&words),
             &[buffer(qkv), buffer(cos), buffer(sin)],
-            &[buffer(cache), out.raw()],
-            ctx.grid(u(heads, "head count")?),
-        );
+            &[buffer(cache), scratch.as_ref().unwrap_or(out).raw()],
+            ctx.grid(u(heads * sg_chunks, "workgroup count")?),
+        )?;
+        return match &scratch {
+            Some(s) => combine(ctx, s, heads, sg_chunks, d, out, dt),
+            None => Ok(()),
+        };
     }
     Decode {
         kernel: &ATTENTION_STEP,
@@ -620,25 +653,38 @@ pub(crate) fn attention_step(
     .run(ctx, out, dt)
 }
 
-/// Keys a step takes through [`ATTENTION_STEP_SG`], at most. On an H100
-/// (f16, 1B, 8B and SmolLM2-135M Llama shapes, 9 to 32 query heads) that
-/// kernel beat the split one with its merge pass at every length measured,
-/// up to 4,004 keys; longer caches keep the split kernel, whose
-/// workgroups grow with the keys.
-const STEP_SG_KEYS: usize = 4096;
+/// Keys of one workgroup of [`ATTENTION_STEP_SG`] and their number a head
+/// for a step over `tk` keys: one workgroup a head up to
+/// [`SG_MIN_CHUNK`] keys, otherwise about [`SG_CHUNKS`] chunks of at least
+/// that many keys, in whole multiples of 128 keys.
+///
+/// On an H100 (f16, synthetic 1B and 8B Llama shapes, 32 query heads over
+/// 8 KV heads, GPU time a token over 128 tokens after a prompt of 2,042,
+/// 4,082, 8,402 or 24,002 tokens) one workgroup a head lost to chunks at
+/// every one of those lengths, and chunks of 512 keys were best to 4,082
+/// keys (1B: 982, 1,181 us a token with one workgroup; 924, 982 with
+/// chunks of 512). Past that, chunks of 512 lost to 9-12 chunks a head
+/// (1B at 8,402: 1,174 us against 1,074 with 1,024 keys each and 1,121
+/// with 2,048; at 24,002: 2,024, 1,650 and 1,483).
+const SG_MIN_CHUNK: usize = 512;
+const SG_CHUNKS: usize = 10;
+
+fn sg_chunks(tk: usize) -> (usize, usize) {
+    if tk <= SG_MIN_CHUNK {
+        return (tk, 1);
+    }
+    let chunk = tk
+        .div_ceil(SG_CHUNKS)
+        .next_multiple_of(128)
+        .max(SG_MIN_CHUNK);
+    (chunk, tk.div_ceil(chunk))
+}
 
 /// The lanes a key of [`ATTENTION_STEP_SG`] (its head's 16-byte chunks)
 /// where that kernel runs this step: subgroups of one width that hold a
 /// key's lanes, a power of two of them, halves of whole chunks for the
-/// rotate-half layout, operands at multiples of 16 bytes, and at most
-/// [`STEP_SG_KEYS`] keys.
-fn step_sg_lanes(
-    ctx: &Context,
-    qkv: &Tensor,
-    cache: &Tensor,
-    tk: usize,
-    style: RopeStyle,
-) -> Option<usize> {
+/// rotate-half layout, and operands at multiples of 16 bytes.
+fn step_sg_lanes(ctx: &Context, qkv: &Tensor, cache: &Tensor, style: RopeStyle) -> Option<usize> {
     let size = qkv.dtype().size_in_bytes();
     let d = qkv.shape()[2];
     let per_chunk = 16 / size;
@@ -651,8 +697,7 @@ fn step_sg_lanes(
         && d.is_multiple_of(per_chunk)
         && lanes.is_power_of_two()
         && half_whole
-        && aligned
-        && tk <= STEP_SG_KEYS)
+        && aligned)
         .then_some(lanes)
 }
 
