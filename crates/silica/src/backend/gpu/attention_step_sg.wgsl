@@ -1,8 +1,9 @@
 // attention_step_sg.wgsl — one decode step of attention over a KV cache,
-// a workgroup a query head, with attention_step_io.wgsl's operands and
-// parameters: the queries and the new key rotated as they are loaded, the
-// new position's key and value written to the cache by the first query
-// head of each KV head, and the output row written in DT.
+// a workgroup a query head (or a chunk of its keys), with
+// attention_step_io.wgsl's operands and parameters: the queries and the
+// new key rotated as they are loaded, the new position's key and value
+// written to the cache by the first query head of each KV head, and the
+// output row written in DT.
 //
 // Where decode_attention.wgsl stages the scores in workgroup memory and
 // reduces them with barriers between its phases, this kernel has one
@@ -24,14 +25,15 @@
 // synthetic 8B shape (heads of 128) a token took 3,123 us against 3,863
 // with the split kernel past 256 keys. Past 4,096 keys, where that kernel
 // still ran, splitting this one's keys over workgroups (below) took a
-// token of 8B after a prompt of 24,002 tokens from 8,127 to about 5,450
-// us; see `sg_chunks` in nn.rs for the chunk sizes.
+// token of 8B after a prompt of 24,002 tokens from 8,122 to 5,657 us;
+// see `sg_chunks` in nn.rs for the chunk sizes.
 //
 // A long cache is split over p.chunks workgroups a head, p.chunk keys
-// each (a multiple of U * THREADS / LK): each writes its state, (m, l, 2
-// unused words, y) in f32 words, as decode_attention.wgsl's chunks do,
-// for attention_combine.wgsl to merge (`dst` is then that pass's scratch
-// buffer).
+// each: each writes its state, (m, l, 2 unused words, y) in f32 words, as
+// decode_attention.wgsl's chunks do, for attention_combine.wgsl to merge
+// (`dst` is then that pass's scratch buffer). The first chunk's
+// workgroups write the new key and value to the cache; no workgroup
+// reads that row from the cache.
 //
 // The launcher (nn.rs `step_sg_lanes`) checks: a head size whose 16-byte
 // chunks number LK, a power of two no wider than a subgroup, each half of

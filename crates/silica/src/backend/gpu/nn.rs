@@ -133,8 +133,9 @@ pub(crate) static ATTENTION_STEP: Kernel = Kernel {
     immediates: true,
     trusted: true,
 };
-/// [`ATTENTION_STEP`] with one barrier, a workgroup a query head: keys
-/// split over lanes of a subgroup (attention_step_sg.wgsl).
+/// [`ATTENTION_STEP`] with one barrier, a workgroup a query head (or a
+/// chunk of its keys, for long caches): a key split over lanes of a
+/// subgroup (attention_step_sg.wgsl).
 pub(crate) static ATTENTION_STEP_SG: Kernel = Kernel {
     name: "attention_step_sg",
     source: concat!(
@@ -147,7 +148,8 @@ pub(crate) static ATTENTION_STEP_SG: Kernel = Kernel {
     immediates: true,
     trusted: true,
 };
-/// Merges the chunks of [`DECODE_ATTENTION`].
+/// Merges the chunks of [`DECODE_ATTENTION`], [`ATTENTION_STEP`] and
+/// [`ATTENTION_STEP_SG`].
 pub(crate) static ATTENTION_COMBINE: Kernel = Kernel {
     name: "attention_combine",
     source: concat!(
@@ -546,10 +548,11 @@ pub(crate) fn fuses_step(
             .all(|t| t.is_contiguous() && t.layout().offset().is_multiple_of(2))
 }
 
-/// One decode step of attention over a KV cache in one kernel: through
-/// subgroups ([`ATTENTION_STEP_SG`]) where the adapter's subgroups allow
-/// it, otherwise [`ATTENTION_STEP`] (two kernels when the cache spans
-/// several chunks of keys): `qkv` `[1, heads + 2 KVH, D]`
+/// One decode step of attention over a KV cache: through subgroups
+/// ([`ATTENTION_STEP_SG`]) where the adapter's subgroups allow it,
+/// otherwise [`ATTENTION_STEP`]; one kernel, or two (the chunks of keys,
+/// then their merge) when the cache spans several chunks: `qkv` `[1,
+/// heads + 2 KVH, D]`
 /// holds the new position's queries, key and value (not rotated); `cos`
 /// and `sin` `[1, D / 2]` its angles; `cache` `[capacity, 2 KVH, D]` the
 /// keys and values of positions `0..start`, to which the kernel adds
