@@ -259,7 +259,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             if t == last {
                 v = vf;
             }
-            // a key past the last weighs nothing, whatever its row holds
+            // a key past the chunk's end weighs nothing, whatever its row
+            // holds
             let live = t < end;
             let w = select(0.0, exp(s[u] - top), live);
             st.l += w;

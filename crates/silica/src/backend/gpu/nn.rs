@@ -572,7 +572,12 @@ pub(crate) fn attention_step(
     let d = qkv.shape()[2];
     let kvh = cache.shape()[1] / 2;
     let tk = start + 1;
-    let chunks = tk.div_ceil(DECODE_CHUNK);
+    let lanes = step_sg_lanes(ctx, qkv, cache, style);
+    // keys a workgroup takes, and workgroups a head
+    let (chunk, chunks) = match lanes {
+        Some(_) => sg_chunks(tk),
+        None => (DECODE_CHUNK, tk.div_ceil(DECODE_CHUNK)),
+    };
     let u = |v: usize, what: &str| to_u32(v, what);
     let (oq, oc) = (qkv.layout().offset(), cache.layout().offset());
     let (row_q, row_c) = (
@@ -606,7 +611,7 @@ pub(crate) fn attention_step(
     ]);
     words.extend_from_slice(&[
         0,
-        DECODE_CHUNK as u32,
+        u(chunk, "chunk size")?,
         u(chunks, "chunk count")?,
         decode_record(d) as u32,
     ]);
@@ -616,13 +621,9 @@ pub(crate) fn attention_step(
         0.0
     };
     let dt = qkv.dtype();
-    if let Some(lanes) = step_sg_lanes(ctx, qkv, cache, style) {
-        let (chunk, sg_chunks) = sg_chunks(tk);
-        let n = words.len();
-        words[n - 3] = u(chunk, "chunk size")?;
-        words[n - 2] = u(sg_chunks, "chunk count")?;
-        let scratch = if sg_chunks > 1 {
-            Some(chunk_records(ctx, heads, sg_chunks, d)?)
+    if let Some(lanes) = lanes {
+        let scratch = if chunks > 1 {
+            Some(chunk_records(ctx, heads, chunks, d)?)
         } else {
             None
         };
@@ -636,10 +637,10 @@ pub(crate) fn attention_step(
             bytemuck::cast_slice(&words),
             &[buffer(qkv), buffer(cos), buffer(sin)],
             &[buffer(cache), scratch.as_ref().unwrap_or(out).raw()],
-            ctx.grid(u(heads * sg_chunks, "workgroup count")?),
+            ctx.grid(u(heads * chunks, "workgroup count")?),
         )?;
         return match &scratch {
-            Some(s) => combine(ctx, s, heads, sg_chunks, d, out, dt),
+            Some(s) => combine(ctx, s, heads, chunks, d, out, dt),
             None => Ok(()),
         };
     }
