@@ -6,6 +6,13 @@
 //! (clap's message without its usage block), and panics too, without a
 //! backtrace unless `RUST_BACKTRACE` is set.
 
+/// mimalloc instead of the system allocator: recording a decode step
+/// allocates and frees many small objects (tensors, wgpu's pass commands),
+/// and glibc's allocator spent a sixth of that time consolidating its free
+/// lists when a pass's command list grew.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod bench;
 mod devices;
 mod embed;

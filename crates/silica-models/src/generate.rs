@@ -106,8 +106,23 @@ pub fn generate(
     let mut stream = TokenStream::new(tokenizer);
     let mut text = String::new();
     let t0 = Instant::now();
-    let logits = model.forward(prompt, &mut cache, true)?;
-    let mut pick = Pick::new(sampler, &logits, &history)?;
+    // on a GPU a second thread builds the decode step's kernels while this
+    // one records the prompt's (a few ms each with a warm driver cache,
+    // about a tenth of a 128-token generation's time on an H100 when the
+    // first step built them itself); not under a memory limit, since it
+    // allocates a small cache and activations of its own
+    let device = model.device();
+    let build = device.is_gpu() && device.memory_stats().limit.is_none();
+    let mut pick = std::thread::scope(|s| {
+        let builder = build.then(|| s.spawn(|| model.build_decode_kernels(prompt.len())));
+        let logits = model.forward(prompt, &mut cache, true)?;
+        let pick = Pick::new(sampler, &logits, &history);
+        if let Some(Ok(Err(e))) = builder.map(|b| b.join()) {
+            // the first step builds whatever is missing
+            tracing::debug!("building the decode kernels ahead failed: {e}");
+        }
+        pick
+    })?;
     // on a GPU, a token picked on the device feeds the next step before it
     // is read back, so the device is not left idle while the host reads it,
     // decodes its text and records the step after (the step queued after

@@ -501,6 +501,27 @@ impl Llama {
         }
     }
 
+    /// Builds the GPU kernels of a greedy decode step after `cached`
+    /// positions (the step, its f32 logits and their argmax) without running
+    /// it (see [`silica::Device::build_kernels_only`]), so that a thread
+    /// can do it while another runs the prompt. It uses a cache of its own,
+    /// and does nothing where that would take more than the smallest cache
+    /// allocation (`CACHE_START` positions), or off the GPU.
+    pub fn build_decode_kernels(&self, cached: usize) -> Result<()> {
+        if !self.device.is_gpu() || cached + 1 > CACHE_START.min(self.config.context_length) {
+            return Ok(());
+        }
+        self.device.build_kernels_only(|| {
+            let mut cache = self.new_cache();
+            self.reserve(&mut cache, cached + 1)?;
+            cache.len = cached;
+            let id = Tensor::zeros(&[1], DType::U32, &self.device)?;
+            let logits = self.forward_ids(&id, &mut cache, true)?;
+            logits.argmax(-1, false)?;
+            Ok(())
+        })
+    }
+
     /// cos and sin of the rotation angles of positions `0..n`: `[n, hd / 2]` f32.
     fn rope_tables(&self, n: usize) -> Result<(Tensor, Tensor)> {
         let c = &self.config;

@@ -401,6 +401,24 @@ impl Device {
         matches!(self, Device::Gpu(_))
     }
 
+    /// Builds the GPU kernels (pipelines) that `f` would use, on this
+    /// thread, without running it for real: `f`'s dispatches, uploads,
+    /// copies and clears record nothing, so the tensors it makes hold
+    /// undefined values, and reading one back is an error. Buffers are
+    /// allocated as usual; other threads' work is unaffected. Run on a
+    /// second thread, it takes the building of kernels off the path of the
+    /// work to come: `silica generate` builds the decode step's kernels
+    /// this way while the prompt runs. On the CPU, `f` is not called.
+    pub fn build_kernels_only<E>(
+        &self,
+        f: impl FnOnce() -> std::result::Result<(), E>,
+    ) -> std::result::Result<(), E> {
+        match self {
+            Device::Cpu => Ok(()),
+            Device::Gpu(g) => g.build_kernels_only(f),
+        }
+    }
+
     /// True when both handles are the same device.
     pub fn same(&self, other: &Device) -> bool {
         match (self, other) {

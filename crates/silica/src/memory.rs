@@ -9,7 +9,6 @@
 //! bytes, nothing cached) and held to the CPU device's limit.
 
 use std::collections::BTreeMap;
-use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::{Error, Result};
@@ -33,7 +32,9 @@ pub struct MemoryStats {
 
 #[derive(Default)]
 struct PoolState {
-    free: BTreeMap<u64, Vec<wgpu::Buffer>>,
+    free: BTreeMap<u64, Vec<(wgpu::Buffer, u64)>>,
+    /// The serial number of the next buffer created.
+    next_id: u64,
     stats: MemoryStats,
 }
 
@@ -52,72 +53,30 @@ pub(crate) struct MemoryPool {
     bind_groups: Mutex<hashbrown::HashMap<GroupKey, wgpu::BindGroup>>,
 }
 
-/// A cached bind group's buffers, inputs first, and how many are inputs.
-#[derive(PartialEq, Eq)]
+/// Buffers a cached bind group holds at most: wgpu's default limit of
+/// storage buffers in a shader stage, which no kernel exceeds.
+const MAX_BOUND: usize = 8;
+
+/// A cached bind group's key: the serial numbers of its buffers, inputs
+/// first, and how many are inputs. The numbers are held inline, so a
+/// lookup hashes and compares a few words without following a pointer.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
 struct GroupKey {
-    inputs: usize,
-    buffers: Vec<wgpu::Buffer>,
-}
-
-/// A [`GroupKey`] as a dispatch has it, looked up without cloning its
-/// buffers into one.
-struct GroupQuery<'a> {
-    inputs: &'a [&'a wgpu::Buffer],
-    outputs: &'a [&'a wgpu::Buffer],
-}
-
-/// The one hash of a [`GroupKey`] and of its [`GroupQuery`]: the count of
-/// inputs, the count of buffers, the buffers.
-fn hash_group<'a, H: Hasher>(
-    state: &mut H,
-    inputs: usize,
-    count: usize,
-    buffers: impl Iterator<Item = &'a wgpu::Buffer>,
-) {
-    state.write_usize(inputs);
-    state.write_usize(count);
-    for b in buffers {
-        b.hash(state);
-    }
-}
-
-impl Hash for GroupKey {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        hash_group(state, self.inputs, self.buffers.len(), self.buffers.iter());
-    }
-}
-
-impl Hash for GroupQuery<'_> {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        let count = self.inputs.len() + self.outputs.len();
-        let buffers = self.inputs.iter().chain(self.outputs).copied();
-        hash_group(state, self.inputs.len(), count, buffers);
-    }
-}
-
-impl hashbrown::Equivalent<GroupKey> for GroupQuery<'_> {
-    fn equivalent(&self, key: &GroupKey) -> bool {
-        self.inputs.len() == key.inputs
-            && self.inputs.len() + self.outputs.len() == key.buffers.len()
-            && self
-                .inputs
-                .iter()
-                .chain(self.outputs)
-                .zip(&key.buffers)
-                .all(|(&a, b)| a == b)
-    }
+    inputs: u8,
+    count: u8,
+    ids: [u64; MAX_BOUND],
 }
 
 /// Bind group entries of whole tensor buffers at bindings 1.., in order
 /// (binding 0 is the parameter block's, where a kernel has one).
 pub(crate) fn tensor_entries<'a>(
-    buffers: impl Iterator<Item = &'a wgpu::Buffer>,
+    buffers: impl Iterator<Item = &'a GpuBuffer>,
 ) -> Vec<wgpu::BindGroupEntry<'a>> {
     buffers
         .enumerate()
         .map(|(i, b)| wgpu::BindGroupEntry {
             binding: i as u32 + 1,
-            resource: b.as_entire_binding(),
+            resource: b.raw().as_entire_binding(),
         })
         .collect()
 }
@@ -145,6 +104,9 @@ pub(crate) fn size_class(bytes: u64) -> u64 {
 /// A device buffer owned by a tensor storage; it returns to the pool on drop.
 pub struct GpuBuffer {
     buffer: Option<wgpu::Buffer>,
+    /// The buffer's serial number in its pool, kept while it waits in a
+    /// free list, so a bind group of it is found again after reuse.
+    id: u64,
     class: u64,
     pool: Arc<MemoryPool>,
 }
@@ -159,7 +121,7 @@ impl GpuBuffer {
 impl Drop for GpuBuffer {
     fn drop(&mut self) {
         if let Some(b) = self.buffer.take() {
-            self.pool.release(b, self.class);
+            self.pool.release(b, self.id, self.class);
         }
     }
 }
@@ -201,23 +163,34 @@ impl MemoryPool {
         &self,
         layout: &wgpu::BindGroupLayout,
         label: &str,
-        inputs: &[&wgpu::Buffer],
-        outputs: &[&wgpu::Buffer],
+        inputs: &[&GpuBuffer],
+        outputs: &[&GpuBuffer],
     ) -> wgpu::BindGroup {
-        let query = GroupQuery { inputs, outputs };
+        let count = inputs.len() + outputs.len();
+        let create = || {
+            self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some(label),
+                layout,
+                entries: &tensor_entries(inputs.iter().chain(outputs).copied()),
+            })
+        };
+        if count > MAX_BOUND {
+            // no kernel binds this many; made afresh rather than cached
+            return create();
+        }
+        let mut key = GroupKey {
+            inputs: inputs.len() as u8,
+            count: count as u8,
+            ids: [0; MAX_BOUND],
+        };
+        for (slot, b) in key.ids.iter_mut().zip(inputs.iter().chain(outputs)) {
+            *slot = b.id;
+        }
         let mut cache = self.bind_groups.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(g) = cache.get(&query) {
+        if let Some(g) = cache.get(&key) {
             return g.clone();
         }
-        let key = GroupKey {
-            inputs: inputs.len(),
-            buffers: inputs.iter().chain(outputs).map(|&b| b.clone()).collect(),
-        };
-        let group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some(label),
-            layout,
-            entries: &tensor_entries(key.buffers.iter()),
-        });
+        let group = create();
         if cache.len() >= BIND_GROUPS_KEPT {
             cache.clear();
         }
@@ -266,12 +239,12 @@ impl MemoryPool {
         }
     }
 
-    fn release(&self, buffer: wgpu::Buffer, class: u64) {
+    fn release(&self, buffer: wgpu::Buffer, id: u64, class: u64) {
         let mut s = self.lock();
         s.stats.allocated -= class;
         s.stats.live_buffers -= 1;
         s.stats.cached_buffers += 1;
-        s.free.entry(class).or_default().push(buffer);
+        s.free.entry(class).or_default().push((buffer, id));
     }
 
     fn oom(&self, requested: u64, s: &PoolState) -> Error {
@@ -317,7 +290,7 @@ impl MemoryPool {
         let mut s = self.lock();
         let reused = s.free.get_mut(&class).and_then(|v| v.pop());
         let created = reused.is_none();
-        let buffer = match reused {
+        let (buffer, id) = match reused {
             Some(b) => {
                 s.stats.cached_buffers -= 1;
                 b
@@ -341,7 +314,8 @@ impl MemoryPool {
                     }
                 };
                 s.stats.reserved += class;
-                b
+                s.next_id += 1;
+                (b, s.next_id)
             }
         };
         s.stats.allocated += class;
@@ -349,6 +323,7 @@ impl MemoryPool {
         s.stats.peak_allocated = s.stats.peak_allocated.max(s.stats.allocated);
         let buf = GpuBuffer {
             buffer: Some(buffer),
+            id,
             class,
             pool: self.clone(),
         };

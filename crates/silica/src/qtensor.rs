@@ -1,6 +1,8 @@
 //! `QTensor`: a weight matrix kept in a GGML block format on its device,
 //! and the product `x @ wᵀ` that dequantizes inside the kernel.
 
+use std::borrow::Cow;
+
 use crate::dispatch::run;
 use crate::quant::QuantFormat;
 use crate::storage::{CpuStorage, Storage};
@@ -366,7 +368,9 @@ impl Tensor {
         let mut out_shape = self.shape().to_vec();
         let last = out_shape.len() - 1;
         out_shape[last] = n;
-        let mut inputs = vec![aligned_rows(self)?, w.words.clone()];
+        // borrowed where no copy is needed: a decode step records hundreds
+        // of these products, and a clone of a tensor is not free
+        let mut inputs = vec![aligned_rows(self)?, Cow::Borrowed(&w.words)];
         if let Some((g, _)) = fuse.rms_norm {
             self.same_device(g, op)?;
             if g.shape() != [k] || g.dtype() != self.dtype() {
@@ -395,14 +399,18 @@ impl Tensor {
                     ),
                 });
             }
-            inputs.push(r.contiguous()?);
+            inputs.push(if r.is_contiguous() {
+                Cow::Borrowed(r)
+            } else {
+                Cow::Owned(r.contiguous()?)
+            });
         }
         let fusion = QFusion {
             rms_norm: fuse.rms_norm.map(|(_, eps)| eps),
             swiglu: fuse.swiglu,
             residual: fuse.residual.is_some(),
         };
-        let refs: Vec<&Tensor> = inputs.iter().collect();
+        let refs: Vec<&Tensor> = inputs.iter().map(|t| t.as_ref()).collect();
         let rows = self.numel() / k.max(1);
         let op = Op::QMatmul {
             format: w.format,
@@ -423,11 +431,11 @@ impl Tensor {
 /// `t` if it is contiguous from a multiple of 8 elements (the quantized
 /// kernels read rows as whole vec4 words, 8 elements covering f32 and the
 /// 16-bit types), a copy otherwise.
-fn aligned_rows(t: &Tensor) -> Result<Tensor> {
+fn aligned_rows(t: &Tensor) -> Result<Cow<'_, Tensor>> {
     if t.is_contiguous() && t.layout().offset().is_multiple_of(8) {
-        Ok(t.clone())
+        Ok(Cow::Borrowed(t))
     } else {
-        t.copy()
+        Ok(Cow::Owned(t.copy()?))
     }
 }
 
@@ -470,7 +478,7 @@ pub(crate) fn qmatmul_composed(
         format,
         fusion: QFusion::NONE,
     };
-    let mut y = run(plain, &[&aligned_rows(&x)?, w], shape, ct)?;
+    let mut y = run(plain, &[aligned_rows(&x)?.as_ref(), w], shape, ct)?;
     if fusion.swiglu {
         let n = rows / 2;
         y = y.narrow(-1, 0, n)?.swiglu(&y.narrow(-1, n, n)?)?;

@@ -268,3 +268,51 @@ fn tensors_cross_threads_while_in_use() {
         assert_eq!(after.live_buffers, before.live_buffers, "{dev}: {after:?}");
     }
 }
+
+/// `Device::build_kernels_only` on one thread records nothing (a tensor it
+/// writes into keeps its values, and what it computes cannot be read back)
+/// while another thread's workload on the same device gives the same
+/// results as alone.
+#[test]
+fn building_kernels_on_a_thread_records_nothing() {
+    let _serial = lock_device_state();
+    for dev in common::gpu_devices() {
+        dev.synchronize().unwrap();
+        let before = dev.memory_stats();
+        let shared = Shared::new(&dev);
+        let alone = workload(&dev, &shared, 7, 2);
+        let mut kept = Tensor::from_slice(&[1.5f32; 4 * 256], &[4, 256], &dev).unwrap();
+        let together = std::thread::scope(|scope| {
+            let worker = scope.spawn(|| workload(&dev, &shared, 7, 2));
+            dev.build_kernels_only(|| -> silica::Result<()> {
+                for step in 0..3u64 {
+                    let a = Tensor::randn(&[64, 256], DType::F16, step, &dev)?;
+                    let up = Tensor::from_slice(&[2.0f32; 256], &[1, 256], &dev)?;
+                    let y = a.to_dtype(DType::F32)?.softmax(-1)?.add(&up)?;
+                    kept.slice_assign(1, &y.narrow(0, 0, 2)?)?;
+                    match y.to_vec::<f32>() {
+                        Ok(_) => panic!("{dev}: a kernels-only result was read"),
+                        Err(e) => {
+                            let msg = e.to_string();
+                            assert!(msg.contains("kernels were being built"), "{msg}");
+                        }
+                    }
+                    assert!(up.to_vec::<f32>().is_err(), "an upload was read");
+                }
+                Ok(())
+            })
+            .unwrap();
+            worker.join().expect("the worker panicked")
+        });
+        assert!(alone == together, "{dev}: the workload's results changed");
+        let v: Vec<f32> = kept.to_vec().unwrap();
+        assert!(
+            v.iter().all(|&x| x == 1.5),
+            "{dev}: a kernels-only copy ran"
+        );
+        drop((kept, shared));
+        dev.synchronize().unwrap();
+        let after = dev.memory_stats();
+        assert_eq!(after.allocated, before.allocated, "{dev}: {after:?}");
+    }
+}

@@ -482,3 +482,37 @@ fn oversize_tensors_are_errors_not_panics() {
         dev.empty_cache();
     }
 }
+
+/// Bind groups are cached by the pool's buffers (not by tensors): once
+/// tensors drop, their buffers come back under new tensors in other roles,
+/// and the cached groups must bind each in its new place. `sub` tells its
+/// operands apart, so a group found for the wrong order would show.
+#[test]
+fn cached_bind_groups_follow_reused_buffers() {
+    let _serial = lock_device_state();
+    let Some(dev) = common::first_gpu() else {
+        return;
+    };
+    let n = 4096;
+    let upload = |v: f32| Tensor::from_vec(vec![v; n], &[n], &dev).unwrap();
+    let expect = |t: &Tensor, want: f32, what: &str| {
+        let got: Vec<f32> = t.to_vec().unwrap();
+        assert!(got.iter().all(|&x| x == want), "{what}: {:?}", &got[..4]);
+    };
+    for round in 0..3 {
+        let (a, b) = (upload(5.0), upload(2.0));
+        expect(&a.sub(&b).unwrap(), 3.0, "a - b");
+        expect(&b.sub(&a).unwrap(), -3.0, "b - a");
+        drop((a, b));
+        // the same buffers, handed out again in an order of the pool's
+        let (c, d) = (upload(1.0), upload(7.0));
+        expect(&d.sub(&c).unwrap(), 6.0, "d - c");
+        expect(&c.sub(&d).unwrap(), -6.0, "c - d");
+        expect(&c.sub(&c).unwrap(), 0.0, "c - c");
+        drop((c, d));
+        if round == 1 {
+            // new buffers from here on
+            dev.empty_cache();
+        }
+    }
+}

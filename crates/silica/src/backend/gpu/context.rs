@@ -424,6 +424,33 @@ fn integer_dots(adapter: &wgpu::Adapter) -> bool {
         )
 }
 
+thread_local! {
+    /// Set while this thread runs [`kernels_only`]: dispatches build their
+    /// pipelines and record nothing.
+    static KERNELS_ONLY: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether this thread is in [`kernels_only`].
+fn building_only() -> bool {
+    KERNELS_ONLY.with(|k| k.get())
+}
+
+/// Runs `f` with this thread's GPU work reduced to building the pipelines
+/// it would use: dispatches, uploads, copies and clears record nothing (so
+/// tensors made meanwhile hold undefined values), and read-backs fail.
+/// Other threads' work goes on as usual. Buffers are still allocated from
+/// the pool.
+pub(crate) fn kernels_only<R>(f: impl FnOnce() -> R) -> R {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            KERNELS_ONLY.with(|k| k.set(self.0));
+        }
+    }
+    let _restore = Restore(KERNELS_ONLY.with(|k| k.replace(true)));
+    f()
+}
+
 /// Locks a mutex whose data stays valid even if a holder panicked.
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -567,6 +594,20 @@ impl Context {
             }),
             None => Ok(()),
         }
+    }
+
+    /// Fails in [`kernels_only`], where tensors hold no values to read.
+    fn check_readable(&self) -> Result<()> {
+        if building_only() {
+            return Err(Error::InvalidArgument {
+                op: "read",
+                msg: format!(
+                    "a tensor on {} was read while only its kernels were being built",
+                    self.name
+                ),
+            });
+        }
+        Ok(())
     }
 
     /// Turns a wgpu error reported since the last check into an `Error`.
@@ -778,6 +819,9 @@ impl Context {
     /// staging buffer.
     pub fn upload(&self, data: &[u8]) -> Result<GpuBuffer> {
         let padded = data.len().next_multiple_of(4);
+        if building_only() {
+            return self.pool.alloc(padded as u64);
+        }
         let (buf, mapped) = if padded >= MAPPED_UPLOAD_MIN {
             self.pool.alloc_for_upload(padded as u64)?
         } else {
@@ -809,7 +853,7 @@ impl Context {
 
     /// Records a copy of `data` into `dst` from byte `at` (a multiple of 4) on.
     pub fn write_at(&self, dst: &GpuBuffer, at: u64, data: &[u8]) -> Result<()> {
-        if data.is_empty() {
+        if data.is_empty() || building_only() {
             return Ok(());
         }
         let padded = (data.len() as u64).next_multiple_of(4);
@@ -901,7 +945,9 @@ impl Context {
 
     /// Records zeroing of a whole buffer.
     pub fn clear(&self, buf: &GpuBuffer) {
-        self.record(|enc| enc.clear_buffer(buf.raw(), 0, None));
+        if !building_only() {
+            self.record(|enc| enc.clear_buffer(buf.raw(), 0, None));
+        }
     }
 
     /// Reads `size` bytes at `offset` (both multiples of 4), waiting for all pending work.
@@ -919,6 +965,7 @@ impl Context {
         size: u64,
         f: impl FnOnce(&[u8]) -> R,
     ) -> Result<R> {
+        self.check_readable()?;
         if src.usage().contains(wgpu::BufferUsages::MAP_READ) {
             return self.read_mapped(src, offset, size, f);
         }
@@ -966,6 +1013,7 @@ impl Context {
     /// does not delay [`Context::read_finish_with`].
     pub fn read_start(&self, src: &wgpu::Buffer, offset: u64, size: u64) -> Result<PendingBytes> {
         self.check_alive()?;
+        self.check_readable()?;
         let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("silica read-back"),
             size,
@@ -1281,8 +1329,8 @@ impl Context {
         kernel: &Kernel,
         constants: &[(&'static str, f64)],
         params: &[u8],
-        inputs: &[&wgpu::Buffer],
-        output: &wgpu::Buffer,
+        inputs: &[&GpuBuffer],
+        output: &GpuBuffer,
         groups: [u32; 3],
     ) -> Result<()> {
         self.dispatch_outputs(kernel, constants, params, inputs, &[output], groups)
@@ -1296,8 +1344,8 @@ impl Context {
         kernel: &Kernel,
         constants: &[(&'static str, f64)],
         params: &[u8],
-        inputs: &[&wgpu::Buffer],
-        outputs: &[&wgpu::Buffer],
+        inputs: &[&GpuBuffer],
+        outputs: &[&GpuBuffer],
         groups: [u32; 3],
     ) -> Result<()> {
         debug_assert_eq!(inputs.len(), kernel.inputs);
@@ -1305,6 +1353,9 @@ impl Context {
         self.check_alive()?;
         let immediates = kernel.immediates && params.len() as u32 <= self.immediate_bytes;
         let pipeline = self.pipeline(kernel, constants, immediates)?;
+        if building_only() {
+            return Ok(());
+        }
         let (bgl, _) = self.layout(kernel, immediates);
         let mut guard = lock(&self.pending);
         let p = &mut *guard;
@@ -1359,8 +1410,8 @@ impl Context {
         kernel: &Kernel,
         bgl: &wgpu::BindGroupLayout,
         params: &[u8],
-        inputs: &[&wgpu::Buffer],
-        outputs: &[&wgpu::Buffer],
+        inputs: &[&GpuBuffer],
+        outputs: &[&GpuBuffer],
     ) -> Result<wgpu::BindGroup> {
         // a parameter slot: params are at most 256 bytes, the largest
         // uniform offset alignment wgpu allows

@@ -67,7 +67,7 @@ fn units(n: usize, dtype: DType) -> usize {
 /// A contiguous copy of `x` as `out_dtype`, which is `x`'s dtype or, for
 /// integer conversions, the other integer dtype.
 pub(crate) fn copy(ctx: &Context, x: &Tensor, out: &GpuBuffer, out_dtype: DType) -> Result<()> {
-    copy_at(ctx, x, out.raw(), 0, out_dtype)
+    copy_at(ctx, x, out, 0, out_dtype)
 }
 
 /// Whether `copy_into` can write `n` elements of `dtype` at element `offset`
@@ -78,12 +78,7 @@ pub(crate) fn can_copy_into(dtype: DType, offset: usize, n: usize) -> bool {
 
 /// Writes the elements of `x`, in row-major order, into `dst` from element
 /// `offset` on (same dtype; see `can_copy_into`).
-pub(crate) fn copy_into(
-    ctx: &Context,
-    x: &Tensor,
-    dst: &wgpu::Buffer,
-    offset: usize,
-) -> Result<()> {
+pub(crate) fn copy_into(ctx: &Context, x: &Tensor, dst: &GpuBuffer, offset: usize) -> Result<()> {
     let word = offset * x.dtype().size_in_bytes() / 4;
     copy_at(ctx, x, dst, to_u32(word, "destination offset")?, x.dtype())
 }
@@ -91,7 +86,7 @@ pub(crate) fn copy_into(
 fn copy_at(
     ctx: &Context,
     x: &Tensor,
-    out: &wgpu::Buffer,
+    out: &GpuBuffer,
     dst_word: u32,
     out_dtype: DType,
 ) -> Result<()> {
@@ -192,7 +187,7 @@ pub(crate) fn cat(
             &[("ELEM_BYTES", elem_bytes(dtype))],
             &params(&header, &[pack(l.shape())?, pack(l.strides())?]),
             &[buffer(t)],
-            out.raw(),
+            out,
             ctx.grid_for_threads(threads)?,
         )?;
         start += width;
@@ -227,7 +222,7 @@ pub(crate) fn index_select(
         ],
         &params(&header, &[pack(out_shape)?, pack(l.strides())?]),
         &[buffer(src), buffer(idx)],
-        out.raw(),
+        out,
         ctx.grid_for_threads(units(n, src.dtype()))?,
     )
 }

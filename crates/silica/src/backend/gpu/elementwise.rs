@@ -60,9 +60,9 @@ pub(crate) const CMP_BASE: u32 = 16;
 pub(crate) const MAX_RANK: usize = 8;
 
 /// The device buffer of a GPU tensor.
-pub(crate) fn buffer(t: &Tensor) -> &wgpu::Buffer {
+pub(crate) fn buffer(t: &Tensor) -> &GpuBuffer {
     match t.storage() {
-        Storage::Gpu(b) => b.raw(),
+        Storage::Gpu(b) => b,
         // invariant: the dispatcher only hands GPU tensors to GPU kernels
         Storage::Cpu(..) => unreachable!("GPU kernel given a CPU tensor"),
     }
@@ -129,7 +129,7 @@ pub(crate) fn unary(
 pub(crate) fn unary_view(
     ctx: &Context,
     op: u32,
-    src: &wgpu::Buffer,
+    src: &GpuBuffer,
     layout: &Layout,
     dtype: DType,
     out: &GpuBuffer,
@@ -152,7 +152,7 @@ pub(crate) fn unary_view(
         ],
         &params(&header, &[pack(l.shape())?, pack(l.strides())?]),
         &[src],
-        out.raw(),
+        out,
         ctx.grid_for_threads(units(n, out_dtype))?,
     )
 }
@@ -191,7 +191,7 @@ pub(crate) fn binary(
             ],
             bytemuck::cast_slice(&words),
             &[buffer(a), buffer(b.unwrap_or(a))],
-            out.raw(),
+            out,
             ctx.grid_for_threads(n.div_ceil(per_quad))?,
         );
     }
@@ -217,7 +217,7 @@ pub(crate) fn binary(
         ],
         &params(&header, &arrays),
         &[buffer(a), buffer(b.unwrap_or(a))],
-        out.raw(),
+        out,
         ctx.grid_for_threads(units(n, out_dtype))?,
     )
 }
@@ -270,7 +270,7 @@ pub(crate) fn where_cond(ctx: &Context, inputs: &[&Tensor], out: &GpuBuffer) -> 
         ],
         &params(&header, &arrays),
         &[buffer(c), buffer(a), buffer(b)],
-        out.raw(),
+        out,
         ctx.grid_for_threads(units(n, a.dtype()))?,
     )
 }
@@ -345,7 +345,7 @@ pub(crate) fn via_f32(
     unary_view(
         ctx,
         OP_CAST,
-        tmp.raw(),
+        &tmp,
         &Layout::contiguous(&[n]),
         DType::F32,
         out,

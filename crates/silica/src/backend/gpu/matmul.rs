@@ -367,7 +367,7 @@ pub(crate) fn matmul(
             ),
             &bytes,
             &[buffer(a), buffer(b)],
-            dst.raw(),
+            dst,
             [grid[0] as u32, grid[1] as u32, grid[2] as u32],
         )
     })

@@ -161,6 +161,11 @@ impl GpuDevice {
         self.ctx.synchronize()
     }
 
+    /// See [`crate::Device::build_kernels_only`].
+    pub fn build_kernels_only<R>(&self, f: impl FnOnce() -> R) -> R {
+        context::kernels_only(f)
+    }
+
     /// Runs `f`, which records GPU work, between two timestamps on the
     /// device's own timeline and waits for it: `Some(seconds)` of GPU time
     /// (idle gaps between kernels included, as with CUDA events around a
@@ -503,7 +508,7 @@ impl GpuDevice {
             return Ok(());
         }
         if copy::can_copy_into(src.dtype(), offset, src.numel()) {
-            return copy::copy_into(&self.ctx, src, dst.raw(), offset);
+            return copy::copy_into(&self.ctx, src, dst, offset);
         }
         // a 16-bit run that shares a word with its neighbours: read-modify-write
         // on the host (rare: KV rows have even widths)

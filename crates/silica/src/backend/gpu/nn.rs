@@ -229,7 +229,7 @@ pub(crate) fn norm(
             ],
             &bytes,
             &[buffer(x), buffer(weight), buffer(bias.unwrap_or(weight))],
-            dst.raw(),
+            dst,
             ctx.grid(to_u32(rows, "row count")?),
         )
     })
@@ -280,7 +280,7 @@ pub(crate) fn rope(
         ],
         &params(&header, &arrays),
         &[buffer(x), buffer(inputs[1]), buffer(inputs[2])],
-        out.raw(),
+        out,
         ctx.grid_for_threads(units)?,
     )
 }
@@ -390,7 +390,7 @@ pub(crate) fn attention(
             ],
             bytes,
             &srcs,
-            out.raw(),
+            out,
             ctx.grid(to_u32(b * h * tq.div_ceil(COOP_BQ), "workgroup count")?),
         );
     } else if wg_memory >= 48 * 1024 {
@@ -413,7 +413,7 @@ pub(crate) fn attention(
         ],
         bytes,
         &srcs,
-        out.raw(),
+        out,
         ctx.grid(to_u32(groups, "workgroup count")?),
     )
 }
@@ -425,10 +425,10 @@ struct Decode<'a> {
     /// The override constants other than those [`Decode::run`] adds.
     constants: Vec<(&'static str, f64)>,
     params: &'a [u8],
-    inputs: &'a [&'a wgpu::Buffer],
+    inputs: &'a [&'a GpuBuffer],
     /// The buffer the kernel updates besides its output (the KV cache of
     /// a step).
-    updated: Option<&'a wgpu::Buffer>,
+    updated: Option<&'a GpuBuffer>,
     rows: usize,
     chunks: usize,
     d: usize,
@@ -462,11 +462,11 @@ impl Decode<'_> {
             ("ROW_THREADS", if chunks == 1 { 256.0 } else { 128.0 }),
             ("WHOLE", if whole { 1.0 } else { 0.0 }),
         ]);
-        let mut outputs: Vec<&wgpu::Buffer> = self.updated.into_iter().collect();
+        let mut outputs: Vec<&GpuBuffer> = self.updated.into_iter().collect();
         if chunks == 1 && whole {
             self.constants
                 .extend([("FINAL", 1.0), ("OUT_DT", code(out_dtype))]);
-            outputs.push(out.raw());
+            outputs.push(out);
             return ctx.dispatch_outputs(
                 self.kernel,
                 &self.constants,
@@ -477,7 +477,7 @@ impl Decode<'_> {
             );
         }
         let scratch = chunk_records(ctx, rows, chunks, d)?;
-        outputs.push(scratch.raw());
+        outputs.push(&scratch);
         ctx.dispatch_outputs(
             self.kernel,
             &self.constants,
@@ -518,8 +518,8 @@ fn combine(
         &ATTENTION_COMBINE,
         &[("OUT_DT", code(out_dtype))],
         bytemuck::cast_slice(&header),
-        &[scratch.raw()],
-        out.raw(),
+        &[scratch],
+        out,
         ctx.grid(header[0]),
     )
 }
@@ -636,7 +636,7 @@ pub(crate) fn attention_step(
             ],
             bytemuck::cast_slice(&words),
             &[buffer(qkv), buffer(cos), buffer(sin)],
-            &[buffer(cache), scratch.as_ref().unwrap_or(out).raw()],
+            &[buffer(cache), scratch.as_ref().unwrap_or(out)],
             ctx.grid(u(heads * chunks, "workgroup count")?),
         )?;
         return match &scratch {

@@ -134,7 +134,7 @@ pub(crate) fn qrows(
         ],
         bytemuck::cast_slice(&header),
         &[buffer(ids), buffer(w)],
-        out.raw(),
+        out,
         [grid[0] as u32, grid[1] as u32, 1],
     )
 }
@@ -318,7 +318,7 @@ pub(crate) fn qmatmul(
             &constants(format, x.dtype(), dt, gemv),
             bytes,
             &srcs,
-            dst.raw(),
+            dst,
             [grid[0] as u32, grid[1] as u32, grid[2] as u32],
         )
     })

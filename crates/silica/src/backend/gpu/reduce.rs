@@ -123,7 +123,7 @@ pub(crate) fn rows_vec(
         ],
         &params(&header, &[]),
         &[buffer(x), buffer(weights[0]), buffer(weights[1])],
-        out.raw(),
+        out,
         ctx.grid(to_u32(rows, "row count")?),
     )?;
     Ok(true)
@@ -193,7 +193,7 @@ pub(crate) fn reduce(
             &constants(0),
             &params(&header, &arrays),
             &[buffer(x)],
-            out.raw(),
+            out,
             ctx.grid(to_u32(units, "row count")?),
         );
     }
@@ -211,7 +211,7 @@ pub(crate) fn reduce(
         &constants(1),
         &bytes,
         &[buffer(x)],
-        pairs.raw(),
+        &pairs,
         ctx.grid(to_u32(rows * parts, "workgroup count")?),
     )?;
     // pass 2: the pairs of each row
@@ -219,8 +219,8 @@ pub(crate) fn reduce(
         &REDUCE,
         &constants(2),
         &bytes,
-        &[pairs.raw()],
-        out.raw(),
+        &[&pairs],
+        out,
         ctx.grid(to_u32(units, "row count")?),
     )
 }
@@ -251,7 +251,7 @@ pub(crate) fn softmax(
             ],
             &bytes,
             &[buffer(x)],
-            dst.raw(),
+            dst,
             ctx.grid(to_u32(rows, "row count")?),
         )
     })
