@@ -965,7 +965,6 @@ impl Context {
         size: u64,
         f: impl FnOnce(&[u8]) -> R,
     ) -> Result<R> {
-        self.check_readable()?;
         if src.usage().contains(wgpu::BufferUsages::MAP_READ) {
             return self.read_mapped(src, offset, size, f);
         }
@@ -985,6 +984,7 @@ impl Context {
         f: impl FnOnce(&[u8]) -> R,
     ) -> Result<R> {
         self.check_alive()?;
+        self.check_readable()?;
         self.flush();
         // nothing is submitted while the buffer is mapped: work recorded by
         // other threads meanwhile waits in the pending encoder
