@@ -20,7 +20,23 @@
 // SM; two stages of 8 (16 KB, 108 registers) took 4,112 us. Spreading
 // each warp's vec4 fetches over 32 rows (conflict-free transposing
 // stores, half-used 32-byte sectors) took matmul to 3,580 us and linear
-// from 4,212 to 4,148. Params from matmul_common.wgsl; a and b are bound
+// from 4,212 to 4,148.
+//
+// The TK products of a step are written out as TK calls, not a loop:
+// NVIDIA's compiler (driver 580) kept the loop, and writing it out took
+// an H100's 4096^3 matmul from 3,510 to 3,310-3,330 us and linear from
+// 4,212 to 3,520-3,550 (8192^3: 27,652 -> 25,833 and 33,183 -> 26,669).
+// The driver then gives the f32 vector specializations 145-147 registers
+// a thread, so one workgroup runs per SM instead of two, and it is still
+// faster. Measured beside it, all slower: a loop over 4 calls (143
+// registers) 3,922 us; steps of 32 (165) 3,677; two stages of 16 with
+// one barrier a step (183) 3,678; no fetch ahead (123, two workgroups an
+// SM) 3,823; the fetch ahead of a alone (128) 3,620; tile_a rows padded
+// to 33 slots (2-way conflicts in the transposing stores) 3,430, though
+// it gained alone (3,510 -> 3,430 with the loop); warps
+// over 4x8 threads instead of 2x16 no change. A 16 KB array more of
+// workgroup memory cost nothing, so 32 KB does not by itself cut the
+// workgroups an SM. Params from matmul_common.wgsl; a and b are bound
 // as arrays of vec4 words (every pool buffer is a multiple of 16 bytes) so
 // that operands contiguous along the loaded dimension are read four
 // elements at a time:
@@ -41,12 +57,17 @@ override A_VEC: bool = false;
 override B_MODE: u32 = 0u;
 
 const TILE: u32 = 128u;
+// main writes out TK calls of products
 const TK: u32 = 16u;
+// vec4 words a thread fetches of each operand per step, and of a row's
+// TK elements
+const FV: u32 = TK / 8u;
+const QK: u32 = TK / 4u;
 // vec4 slots per k row of a tile
 const SLOTS: u32 = 32u;
 
-var<workgroup> tile_a: array<vec4<f32>, 512>; // [TK][TILE / 4]
-var<workgroup> tile_b: array<vec4<f32>, 512>; // [TK][TILE / 4]
+var<workgroup> tile_a: array<vec4<f32>, TK * SLOTS>; // [TK][TILE / 4]
+var<workgroup> tile_b: array<vec4<f32>, TK * SLOTS>; // [TK][TILE / 4]
 
 fn elem_a(e: u32) -> f32 {
     let w = word_index(e, IN_DT);
@@ -86,22 +107,22 @@ fn quad_index(e: u32) -> u32 {
     return e >> 3u;
 }
 
-// Word i of a step's fetch (two vec4 a thread for each operand).
-fn at8(v: array<vec4<f32>, 2>, i: u32) -> f32 {
+// Word i of a step's fetch (FV vec4 a thread for each operand).
+fn at_word(v: array<vec4<f32>, FV>, i: u32) -> f32 {
     return v[i >> 2u][i & 3u];
 }
 
-// This thread's part of a[row0.., kt..kt + TK] (zeros past the edges): two
-// runs of 4 along k (A_VEC), or 8 elements one at a time. `full`: the
+// This thread's part of a[row0.., kt..kt + TK] (zeros past the edges): FV
+// runs of 4 along k (A_VEC), or 4 * FV elements one at a time. `full`: the
 // whole slice lies inside a (and b), so the vector paths load without
 // edge tests.
-fn fetch_a(a0: u32, row0: u32, kt: u32, lid: u32, full: bool) -> array<vec4<f32>, 2> {
-    var out: array<vec4<f32>, 2>;
+fn fetch_a(a0: u32, row0: u32, kt: u32, lid: u32, full: bool) -> array<vec4<f32>, FV> {
+    var out: array<vec4<f32>, FV>;
     if A_VEC {
-        for (var i = 0u; i < 2u; i++) {
+        for (var i = 0u; i < FV; i++) {
             let g = lid + i * 256u;
-            let gr = row0 + (g >> 2u);
-            let gk = kt + (g & 3u) * 4u;
+            let gr = row0 + g / QK;
+            let gk = kt + (g % QK) * 4u;
             let e = a0 + gr * p.sa_m + gk;
             var v = vec4<f32>(0.0);
             if full {
@@ -118,7 +139,7 @@ fn fetch_a(a0: u32, row0: u32, kt: u32, lid: u32, full: bool) -> array<vec4<f32>
             out[i] = v;
         }
     } else {
-        for (var i = 0u; i < 8u; i++) {
+        for (var i = 0u; i < 4u * FV; i++) {
             // consecutive threads along k (contiguous for row-major a)
             let idx = lid + i * 256u;
             let r = idx / TK;
@@ -134,21 +155,21 @@ fn fetch_a(a0: u32, row0: u32, kt: u32, lid: u32, full: bool) -> array<vec4<f32>
 }
 
 // Puts a fetch of a into tile_a (k-major).
-fn put_a(lid: u32, v: array<vec4<f32>, 2>) {
+fn put_a(lid: u32, v: array<vec4<f32>, FV>) {
     if A_VEC {
-        for (var i = 0u; i < 2u; i++) {
+        for (var i = 0u; i < FV; i++) {
             let g = lid + i * 256u;
-            let r = g >> 2u;
-            let kq = (g & 3u) * 4u;
+            let r = g / QK;
+            let kq = (g % QK) * 4u;
             for (var j = 0u; j < 4u; j++) {
                 tile_a[(kq + j) * SLOTS + (r >> 2u)][r & 3u] = v[i][j];
             }
         }
     } else {
-        for (var i = 0u; i < 8u; i++) {
+        for (var i = 0u; i < 4u * FV; i++) {
             let idx = lid + i * 256u;
             let r = idx / TK;
-            tile_a[(idx % TK) * SLOTS + (r >> 2u)][r & 3u] = at8(v, i);
+            tile_a[(idx % TK) * SLOTS + (r >> 2u)][r & 3u] = at_word(v, i);
         }
     }
 }
@@ -165,13 +186,13 @@ fn b_place(lid: u32, i: u32) -> vec2<u32> {
 
 // This thread's part of b[kt..kt + TK, col0..] (zeros past the edges;
 // `full` as for fetch_a).
-fn fetch_b(b0: u32, col0: u32, kt: u32, lid: u32, full: bool) -> array<vec4<f32>, 2> {
-    var out: array<vec4<f32>, 2>;
+fn fetch_b(b0: u32, col0: u32, kt: u32, lid: u32, full: bool) -> array<vec4<f32>, FV> {
+    var out: array<vec4<f32>, FV>;
     if B_MODE == 1u {
-        for (var i = 0u; i < 2u; i++) {
+        for (var i = 0u; i < FV; i++) {
             let g = lid + i * 256u;
-            let gc = col0 + (g >> 2u);
-            let gk = kt + (g & 3u) * 4u;
+            let gc = col0 + g / QK;
+            let gk = kt + (g % QK) * 4u;
             let e = b0 + gc * p.sb_n + gk;
             var v = vec4<f32>(0.0);
             if full {
@@ -188,7 +209,7 @@ fn fetch_b(b0: u32, col0: u32, kt: u32, lid: u32, full: bool) -> array<vec4<f32>
             out[i] = v;
         }
     } else if B_MODE == 2u {
-        for (var i = 0u; i < 2u; i++) {
+        for (var i = 0u; i < FV; i++) {
             let g = lid + i * 256u;
             let gk = kt + g / SLOTS;
             let gc = col0 + (g % SLOTS) * 4u;
@@ -208,7 +229,7 @@ fn fetch_b(b0: u32, col0: u32, kt: u32, lid: u32, full: bool) -> array<vec4<f32>
             out[i] = v;
         }
     } else {
-        for (var i = 0u; i < 8u; i++) {
+        for (var i = 0u; i < 4u * FV; i++) {
             let ck = b_place(lid, i);
             var v = 0.0;
             if kt + ck.y < p.k && col0 + ck.x < p.n {
@@ -221,26 +242,52 @@ fn fetch_b(b0: u32, col0: u32, kt: u32, lid: u32, full: bool) -> array<vec4<f32>
 }
 
 // Puts a fetch of b into tile_b (k-major).
-fn put_b(lid: u32, v: array<vec4<f32>, 2>) {
+fn put_b(lid: u32, v: array<vec4<f32>, FV>) {
     if B_MODE == 1u {
-        for (var i = 0u; i < 2u; i++) {
+        for (var i = 0u; i < FV; i++) {
             let g = lid + i * 256u;
-            let c = g >> 2u;
-            let kq = (g & 3u) * 4u;
+            let c = g / QK;
+            let kq = (g % QK) * 4u;
             for (var j = 0u; j < 4u; j++) {
                 tile_b[(kq + j) * SLOTS + (c >> 2u)][c & 3u] = v[i][j];
             }
         }
     } else if B_MODE == 2u {
-        for (var i = 0u; i < 2u; i++) {
+        for (var i = 0u; i < FV; i++) {
             tile_b[lid + i * 256u] = v[i];
         }
     } else {
-        for (var i = 0u; i < 8u; i++) {
+        for (var i = 0u; i < 4u * FV; i++) {
             let ck = b_place(lid, i);
-            tile_b[ck.y * SLOTS + (ck.x >> 2u)][ck.x & 3u] = at8(v, i);
+            tile_b[ck.y * SLOTS + (ck.x >> 2u)][ck.x & 3u] = at_word(v, i);
         }
     }
+}
+
+// Step kk of the products from the staged tiles: acc[2 * i + h] holds row
+// i of the thread (i < 4: ty * 4 + i, else 64 + ty * 4 + i - 4) at the
+// columns of half h (tx * 4.., 64 + tx * 4..).
+fn products(kk: u32, tx: u32, ty: u32, acc: ptr<function, array<vec4<f32>, 16>>) {
+    let a_lo = tile_a[kk * SLOTS + ty];
+    let a_hi = tile_a[kk * SLOTS + 16u + ty];
+    let b_lo = tile_b[kk * SLOTS + tx];
+    let b_hi = tile_b[kk * SLOTS + 16u + tx];
+    (*acc)[0] = fma(vec4<f32>(a_lo.x), b_lo, (*acc)[0]);
+    (*acc)[1] = fma(vec4<f32>(a_lo.x), b_hi, (*acc)[1]);
+    (*acc)[2] = fma(vec4<f32>(a_lo.y), b_lo, (*acc)[2]);
+    (*acc)[3] = fma(vec4<f32>(a_lo.y), b_hi, (*acc)[3]);
+    (*acc)[4] = fma(vec4<f32>(a_lo.z), b_lo, (*acc)[4]);
+    (*acc)[5] = fma(vec4<f32>(a_lo.z), b_hi, (*acc)[5]);
+    (*acc)[6] = fma(vec4<f32>(a_lo.w), b_lo, (*acc)[6]);
+    (*acc)[7] = fma(vec4<f32>(a_lo.w), b_hi, (*acc)[7]);
+    (*acc)[8] = fma(vec4<f32>(a_hi.x), b_lo, (*acc)[8]);
+    (*acc)[9] = fma(vec4<f32>(a_hi.x), b_hi, (*acc)[9]);
+    (*acc)[10] = fma(vec4<f32>(a_hi.y), b_lo, (*acc)[10]);
+    (*acc)[11] = fma(vec4<f32>(a_hi.y), b_hi, (*acc)[11]);
+    (*acc)[12] = fma(vec4<f32>(a_hi.z), b_lo, (*acc)[12]);
+    (*acc)[13] = fma(vec4<f32>(a_hi.z), b_hi, (*acc)[13]);
+    (*acc)[14] = fma(vec4<f32>(a_hi.w), b_lo, (*acc)[14]);
+    (*acc)[15] = fma(vec4<f32>(a_hi.w), b_hi, (*acc)[15]);
 }
 
 @compute @workgroup_size(16, 16)
@@ -252,23 +299,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     let col0 = wid.x * TILE;
     let tx = lid3.x;
     let ty = lid3.y;
-    // acc<row><column half>: row i < 4 is ty*4 + i, row 4 + i is 64 + ty*4 + i
-    var c00 = vec4<f32>(0.0);
-    var c01 = vec4<f32>(0.0);
-    var c10 = vec4<f32>(0.0);
-    var c11 = vec4<f32>(0.0);
-    var c20 = vec4<f32>(0.0);
-    var c21 = vec4<f32>(0.0);
-    var c30 = vec4<f32>(0.0);
-    var c31 = vec4<f32>(0.0);
-    var c40 = vec4<f32>(0.0);
-    var c41 = vec4<f32>(0.0);
-    var c50 = vec4<f32>(0.0);
-    var c51 = vec4<f32>(0.0);
-    var c60 = vec4<f32>(0.0);
-    var c61 = vec4<f32>(0.0);
-    var c70 = vec4<f32>(0.0);
-    var c71 = vec4<f32>(0.0);
+    var acc: array<vec4<f32>, 16>;
     // the next step's slices are fetched while this step's products run
     // (past K the fetches give zeros and load nothing); `inside`: the tile
     // lies inside dst
@@ -282,47 +313,42 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         let full = inside && kt + 2u * TK <= p.k;
         fa = fetch_a(a0, row0, kt + TK, lid, full);
         fb = fetch_b(b0, col0, kt + TK, lid, full);
-        for (var kk = 0u; kk < TK; kk++) {
-            let a_lo = tile_a[kk * SLOTS + ty];
-            let a_hi = tile_a[kk * SLOTS + 16u + ty];
-            let b_lo = tile_b[kk * SLOTS + tx];
-            let b_hi = tile_b[kk * SLOTS + 16u + tx];
-            c00 = fma(vec4<f32>(a_lo.x), b_lo, c00);
-            c01 = fma(vec4<f32>(a_lo.x), b_hi, c01);
-            c10 = fma(vec4<f32>(a_lo.y), b_lo, c10);
-            c11 = fma(vec4<f32>(a_lo.y), b_hi, c11);
-            c20 = fma(vec4<f32>(a_lo.z), b_lo, c20);
-            c21 = fma(vec4<f32>(a_lo.z), b_hi, c21);
-            c30 = fma(vec4<f32>(a_lo.w), b_lo, c30);
-            c31 = fma(vec4<f32>(a_lo.w), b_hi, c31);
-            c40 = fma(vec4<f32>(a_hi.x), b_lo, c40);
-            c41 = fma(vec4<f32>(a_hi.x), b_hi, c41);
-            c50 = fma(vec4<f32>(a_hi.y), b_lo, c50);
-            c51 = fma(vec4<f32>(a_hi.y), b_hi, c51);
-            c60 = fma(vec4<f32>(a_hi.z), b_lo, c60);
-            c61 = fma(vec4<f32>(a_hi.z), b_hi, c61);
-            c70 = fma(vec4<f32>(a_hi.w), b_lo, c70);
-            c71 = fma(vec4<f32>(a_hi.w), b_hi, c71);
-        }
+        // the TK steps written out (see the top of the file)
+        products(0u, tx, ty, &acc);
+        products(1u, tx, ty, &acc);
+        products(2u, tx, ty, &acc);
+        products(3u, tx, ty, &acc);
+        products(4u, tx, ty, &acc);
+        products(5u, tx, ty, &acc);
+        products(6u, tx, ty, &acc);
+        products(7u, tx, ty, &acc);
+        products(8u, tx, ty, &acc);
+        products(9u, tx, ty, &acc);
+        products(10u, tx, ty, &acc);
+        products(11u, tx, ty, &acc);
+        products(12u, tx, ty, &acc);
+        products(13u, tx, ty, &acc);
+        products(14u, tx, ty, &acc);
+        products(15u, tx, ty, &acc);
         workgroupBarrier();
     }
     let out0 = z * p.m * p.n;
     let r = row0 + ty * 4u;
     let c = col0 + tx * 4u;
-    store4(out0, r, c, c00);
-    store4(out0, r, c + 64u, c01);
-    store4(out0, r + 1u, c, c10);
-    store4(out0, r + 1u, c + 64u, c11);
-    store4(out0, r + 2u, c, c20);
-    store4(out0, r + 2u, c + 64u, c21);
-    store4(out0, r + 3u, c, c30);
-    store4(out0, r + 3u, c + 64u, c31);
-    store4(out0, r + 64u, c, c40);
-    store4(out0, r + 64u, c + 64u, c41);
-    store4(out0, r + 65u, c, c50);
-    store4(out0, r + 65u, c + 64u, c51);
-    store4(out0, r + 66u, c, c60);
-    store4(out0, r + 66u, c + 64u, c61);
-    store4(out0, r + 67u, c, c70);
-    store4(out0, r + 67u, c + 64u, c71);
+    store4(out0, r, c, acc[0]);
+    store4(out0, r, c + 64u, acc[1]);
+    store4(out0, r + 1u, c, acc[2]);
+    store4(out0, r + 1u, c + 64u, acc[3]);
+    store4(out0, r + 2u, c, acc[4]);
+    store4(out0, r + 2u, c + 64u, acc[5]);
+    store4(out0, r + 3u, c, acc[6]);
+    store4(out0, r + 3u, c + 64u, acc[7]);
+    store4(out0, r + 64u, c, acc[8]);
+    store4(out0, r + 64u, c + 64u, acc[9]);
+    store4(out0, r + 65u, c, acc[10]);
+    store4(out0, r + 65u, c + 64u, acc[11]);
+    store4(out0, r + 66u, c, acc[12]);
+    store4(out0, r + 66u, c + 64u, acc[13]);
+    store4(out0, r + 67u, c, acc[14]);
+    store4(out0, r + 67u, c + 64u, acc[15]);
 }
