@@ -133,9 +133,14 @@ fn gemv_lanes(n: usize, k: usize, dt: DType) -> usize {
     }
     lanes
 }
-/// Workgroups of 128x128 from which the large tile is used (fewer would
-/// leave a large GPU's cores idle: the 64x64 kernel makes four times more).
-const BIG_MIN_GROUPS: usize = 256;
+/// Workgroups of 128x128 from which the large tile is used. It was 256, so
+/// that a large GPU's cores had work. Since matmul_big.wgsl writes its
+/// steps out it beats the 64x64 kernel even on grids that leave most of
+/// an H100's 132 SMs idle (f32, `x @ wᵀ`, 512 rows of x): 20 workgroups
+/// (576 x 576, K = 576) 87 -> 72 us, 64 (2048 x 2048) 430 -> 230 us, 128
+/// (4096 x 11008) 4,545 -> 1,168 us. Smaller grids (not measured) keep the
+/// 64x64 tiles, which waste less past the edges of small products.
+const BIG_MIN_GROUPS: usize = 16;
 /// Workgroup memory of the kernels on coop_tiles.wgsl, in bytes.
 const COOP_TILES_MEMORY: u32 = 49_152;
 /// Workgroups of 128x256 from which the f16 matmul takes coop_wide.wgsl's
