@@ -25,7 +25,8 @@
 // The TK products of a step are written out as TK calls, not a loop:
 // NVIDIA's compiler (driver 580) kept the loop, and writing it out took
 // an H100's 4096^3 matmul from 3,510 to 3,310-3,330 us and linear from
-// 4,212 to 3,520-3,550 (8192^3: 27,652 -> 25,833 and 33,183 -> 26,669).
+// 4,212 to 3,520-3,550 (8192^3: 27,655 -> 25,982-26,070 and 33,183 ->
+// 27,254-27,282).
 // The driver then gives the f32 vector specializations 145-147 registers
 // a thread, so one workgroup runs per SM instead of two, and it is still
 // faster. Measured beside it, all slower: a loop over 4 calls (143
