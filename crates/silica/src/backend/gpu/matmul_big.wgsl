@@ -16,11 +16,11 @@
 // vector fetches skip their edge tests: 3,598 -> 3,510 us (linear
 // unchanged). Later, on an H200: two stages of 16 written
 // without unrolling took 122 registers and still ran 1.7x slower (5,998
-// us), as if its 32 KB of workgroup memory also left one workgroup an
-// SM; two stages of 8 (16 KB, 108 registers) took 4,112 us. Spreading
-// each warp's vec4 fetches over 32 rows (conflict-free transposing
-// stores, half-used 32-byte sectors) took matmul to 3,580 us and linear
-// from 4,212 to 4,148.
+// us; the guess then, that its 32 KB of workgroup memory left one
+// workgroup an SM, was ruled out later, below); two stages of 8 (16 KB,
+// 108 registers) took 4,112 us. Spreading each warp's vec4 fetches over
+// 32 rows (conflict-free transposing stores, half-used 32-byte sectors)
+// took matmul to 3,580 us and linear from 4,212 to 4,148.
 //
 // The TK products of a step are written out as TK calls, not a loop:
 // NVIDIA's compiler (driver 580) kept the loop, and writing it out took
@@ -36,7 +36,7 @@
 // to 33 slots (2-way conflicts in the transposing stores) 3,430, though
 // it gained alone (3,510 -> 3,430 with the loop); warps
 // over 4x8 threads instead of 2x16 no change. A 16 KB array more of
-// workgroup memory cost nothing, so 32 KB does not by itself cut the
+// workgroup memory cost nothing: 32 KB does not by itself cut the
 // workgroups an SM. Params from matmul_common.wgsl; a and b are bound
 // as arrays of vec4 words (every pool buffer is a multiple of 16 bytes) so
 // that operands contiguous along the loaded dimension are read four
