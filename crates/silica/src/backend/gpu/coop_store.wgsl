@@ -43,14 +43,15 @@ fn write_pairs(v: array<vec2<f32>, PAIRS>, lane: u32, out0: u32, r0: u32, c0: u3
             // columns (N - 64 is even whenever pairs are written)
             if OUT_DT == 1u {
                 if c >= own.y && c < p.n {
-                    dst[e >> 1u] = encode_pair(v[j].x, v[j].y, 1u);
+                    let w = e >> 1u;
+                    dst[w >> 2u][w & 3u] = encode_pair(v[j].x, v[j].y, 1u);
                 }
             } else {
                 if c >= own.y && c < p.n {
-                    dst[e] = bitcast<u32>(v[j].x);
+                    dst[e >> 2u][e & 3u] = bitcast<u32>(v[j].x);
                 }
                 if c + 1u >= own.y && c + 1u < p.n {
-                    dst[e + 1u] = bitcast<u32>(v[j].y);
+                    dst[(e + 1u) >> 2u][(e + 1u) & 3u] = bitcast<u32>(v[j].y);
                 }
             }
         }

@@ -50,7 +50,7 @@
 
 @group(0) @binding(1) var<storage, read> src_a: array<vec4<u32>>;
 @group(0) @binding(2) var<storage, read> src_b: array<vec4<u32>>;
-@group(0) @binding(3) var<storage, read_write> dst: array<u32>;
+@group(0) @binding(3) var<storage, read_write> dst: array<vec4<u32>>;
 
 override IN_DT: u32 = 0u;
 override OUT_DT: u32 = 0u;

@@ -10,7 +10,7 @@
 
 @group(0) @binding(1) var<storage, read> src_a: array<vec4<u32>>;
 @group(0) @binding(2) var<storage, read> src_b: array<vec4<u32>>;
-@group(0) @binding(3) var<storage, read_write> dst: array<u32>;
+@group(0) @binding(3) var<storage, read_write> dst: array<vec4<u32>>;
 
 override OUT_DT: u32 = 0u;
 

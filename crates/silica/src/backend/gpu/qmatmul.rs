@@ -15,7 +15,6 @@ macro_rules! qkernel {
             include_str!("qmatmul_common.wgsl"),
             include_str!("qmatmul_x4.wgsl"),
             include_str!("quant_blocks.wgsl"),
-            include_str!("store4.wgsl"),
             $(include_str!($file)),+
         )
     };
@@ -48,7 +47,7 @@ pub(crate) static QGEMV_I8: Kernel = Kernel {
 
 pub(crate) static QMATMUL: Kernel = Kernel {
     name: "qmatmul",
-    source: qkernel!("qmatmul.wgsl"),
+    source: qkernel!("store4.wgsl", "qmatmul.wgsl"),
     inputs: 2,
     trusted: true,
     outputs: 1,

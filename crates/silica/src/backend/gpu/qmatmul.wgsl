@@ -6,7 +6,7 @@
 @group(0) @binding(0) var<uniform> p: QParams;
 @group(0) @binding(1) var<storage, read> src_x: array<vec4<u32>>;
 @group(0) @binding(2) var<storage, read> src_w: array<u32>;
-@group(0) @binding(3) var<storage, read_write> dst: array<u32>;
+@group(0) @binding(3) var<storage, read_write> dst: array<vec4<u32>>;
 
 var<workgroup> tile_x: array<f32, 2048>; // [32][64]
 var<workgroup> tile_w: array<f32, 2048>; // [32][64]

@@ -10,7 +10,7 @@
 @group(0) @binding(0) var<uniform> p: QParams;
 @group(0) @binding(1) var<storage, read> src_x: array<vec4<u32>>;
 @group(0) @binding(2) var<storage, read> src_w: array<u32>;
-@group(0) @binding(3) var<storage, read_write> dst: array<u32>;
+@group(0) @binding(3) var<storage, read_write> dst: array<vec4<u32>>;
 
 // Element offsets of x and of the weights (one product, no batch).
 fn origins(z: u32) -> vec2<u32> {
