@@ -37,7 +37,9 @@
 // it gained alone (3,510 -> 3,430 with the loop); warps
 // over 4x8 threads instead of 2x16 no change. A 16 KB array more of
 // workgroup memory cost nothing: 32 KB does not by itself cut the
-// workgroups an SM. Params from matmul_common.wgsl; a and b are bound
+// workgroups an SM. Later, dst as 16-byte words, four f32 outputs a store
+// (store4.wgsl): 3,331 -> 3,290 us (8192^3: 25,985 -> 25,670). Tiles of
+// 128x256, 8x16 a thread (TK 8: 3,359 us; TK 16: 3,364), lost. Params from matmul_common.wgsl; a and b are bound
 // as arrays of vec4 words (every pool buffer is a multiple of 16 bytes) so
 // that operands contiguous along the loaded dimension are read four
 // elements at a time:
