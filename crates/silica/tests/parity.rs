@@ -378,15 +378,7 @@ fn forced_matmul_cases(cases: &mut Vec<Case>) {
         (&[5, 48], &[48, 24]),
         (&[33, 36], &[36, 20]),
     ];
-    for kernel in [
-        "matmul",
-        "matmul_big",
-        "matmul_coop",
-        "matmul_coop_sg4",
-        "matmul_coop_vec",
-        "matmul_coop_wide",
-        "gemv",
-    ] {
+    for kernel in MATMUL_KERNELS {
         for dtype in DType::FLOATS {
             for ka in [Kind::Contiguous, Kind::Transposed, Kind::Offset] {
                 for kb in [Kind::Contiguous, Kind::Transposed, Kind::Offset] {
@@ -399,20 +391,59 @@ fn forced_matmul_cases(cases: &mut Vec<Case>) {
                         case(cases, name, accumulating(dtype), move |d| {
                             let (a, b) =
                                 (input(ka, sa, dtype, 12, d)?, input(kb, sb, dtype, 13, d)?);
-                            if let Device::Gpu(g) = d {
-                                g.force_matmul_kernel_for_testing(Some(kernel));
-                            }
-                            let r = a.matmul(&b);
-                            if let Device::Gpu(g) = d {
-                                g.force_matmul_kernel_for_testing(None);
-                            }
-                            r
+                            forced_matmul(d, kernel, &a, &b)
                         });
                     }
                 }
             }
         }
     }
+    // f16 outputs past the largest half (about 5% of these, |y| ~ 32,768)
+    // become infinities of their sign on every kernel, as on the CPU: the
+    // cooperative-matrix kernels pack outputs with the hardware's
+    // conversion, the others with common.wgsl's integer one
+    for kernel in MATMUL_KERNELS {
+        let m = if kernel == "gemv" { 8 } else { 130 };
+        let name = format!("matmul[{kernel}] f16 overflow [{m}, 64] [64, 136]");
+        case(cases, name, accumulating(DType::F16), move |d| {
+            let a = input(Kind::Contiguous, &[m, 64], DType::F16, 14, d)?.mul_scalar(64.0)?;
+            let b = input(Kind::Contiguous, &[64, 136], DType::F16, 15, d)?.mul_scalar(64.0)?;
+            let y = forced_matmul(d, kernel, &a, &b)?;
+            let infinite = y.to_f64_vec()?.iter().filter(|v| v.is_infinite()).count();
+            // 1-20% of the outputs, so that the case tests both sides
+            if d.is_cpu() && !(y.numel() / 100..y.numel() / 5).contains(&infinite) {
+                return Err(silica::Error::InvalidArgument {
+                    op: "overflow case",
+                    msg: format!("{infinite} of {} outputs infinite on the CPU", y.numel()),
+                });
+            }
+            Ok(y)
+        });
+    }
+}
+
+/// The matmul kernels that the forced cases run one by one.
+const MATMUL_KERNELS: [&str; 7] = [
+    "matmul",
+    "matmul_big",
+    "matmul_coop",
+    "matmul_coop_sg4",
+    "matmul_coop_vec",
+    "matmul_coop_wide",
+    "gemv",
+];
+
+/// `a @ b` with `kernel` forced where `d` is a GPU (where the kernel takes
+/// the layout; otherwise the launcher's own choice).
+fn forced_matmul(d: &Device, kernel: &'static str, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    if let Device::Gpu(g) = d {
+        g.force_matmul_kernel_for_testing(Some(kernel));
+    }
+    let r = a.matmul(b);
+    if let Device::Gpu(g) = d {
+        g.force_matmul_kernel_for_testing(None);
+    }
+    r
 }
 
 /// `x @ wᵀ` with quantized `w`, every block format: the GEMV kernel (up to
