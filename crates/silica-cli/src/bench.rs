@@ -167,15 +167,16 @@ fn cases(large: bool, cpu: bool) -> Vec<Case> {
         QuantFormat::Q5_K,
         QuantFormat::Q6_K,
     ] {
-        for (model, d, ffn, ms) in [
-            ("135m", 576, 1536, &[1][..]),
-            ("1b", 2048, 8192, &[1, 512][..]),
-            ("7b", 4096, 11008, &[1][..]),
+        for (model, d, ffn, vocab, ms) in [
+            ("135m", 576, 1536, 49152, &[1][..]),
+            ("1b", 2048, 8192, 128_256, &[1, 512][..]),
+            ("7b", 4096, 11008, 32000, &[1][..]),
         ] {
             for &m in ms {
                 let phase = if m == 1 { "decode" } else { "prefill512" };
-                // SmolLM2's tied embedding is its LM head: 49,152 rows
-                let head = (model == "135m").then_some(("head", 49152, d));
+                // the LM head at decode (SmolLM2's and Llama 3.2 1B's is
+                // their tied embedding): the largest product of a token
+                let head = (m == 1).then_some(("head", vocab, d));
                 let projs = [("qkv/o", d, d), ("up", ffn, d), ("down", d, ffn)];
                 for (proj, n, k) in projs.into_iter().chain(head) {
                     if k % format.block_elems() != 0 {
