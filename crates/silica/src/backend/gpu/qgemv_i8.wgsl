@@ -10,7 +10,8 @@
 // one integer: 8 packed products (Q8_0's bytes, or Q4_0/Q4_1's low and
 // high nibbles against x's first and second 16 values), scaled once. A
 // lane fetches its next blocks' words before it works on the current ones
-// (the first ones before x is rounded). The K formats' lanes take 64
+// (the first ones before x is rounded), or with DEPTH 2 keeps two units'
+// words in flight. The K formats' lanes take 64
 // values at a time: a pair of Q4_K/Q5_K groups (32 bytes of nibbles, the
 // low ones the first group, the high ones the second; Q5_K adds a bit of
 // each value from its 32 bytes of high bits), or Q6_K's groups 2j and
@@ -22,6 +23,9 @@
 
 // Blocks of x the workgroup holds (K / 32 at most).
 override XB: u32 = 512u;
+// Units of each weight row a lane has in flight while it works on one: 1
+// (`sums`) or 2 (`sums_deep`). See `integer_depth` in qmatmul.rs.
+override DEPTH: u32 = 1u;
 
 // The quants of block b of x, 32 bytes as 8 words in two vec4, and the
 // block's scale d with d times the sum of its quants.
@@ -376,52 +380,105 @@ fn unit_dot(base: u32, u: u32, w: array<u32, UNIT_WORDS>, x: XUnit) -> f32 {
     return fma(d * ds.x, s, half_value(w[0] >> 16u) * ds.y);
 }
 
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let lane = lid % LANES;
-    let col0 = (group_index(wid, nwg) * (WG / LANES) + lid / LANES) * OC;
-    let blocks = p.k / 32u;
-    let units = blocks / unit_blocks();
-    let live = col0 < p.n;
-    // the first units' words are fetched before x is rounded, the next
-    // ones' before this ones' products: loads in flight while the thread
-    // works
-    // byte offsets of the weight rows
-    var row_at: array<u32, 4>;
-    for (var c = 0u; c < R; c++) {
-        row_at[c] = weight_row(col0, c) * p.row_bytes;
-    }
-    var next: array<array<u32, UNIT_WORDS>, 4>;
-    if live && lane < units {
+// A lane's R rows' words of one unit.
+alias Words = array<array<u32, UNIT_WORDS>, 4>;
+
+// Fetches the words of unit u of the rows at `row_at` into `buf` (unless
+// u is past the row's end).
+fn fetch_unit(u: u32, units: u32, row_at: array<u32, 4>, buf: ptr<function, Words>) {
+    if u < units {
         for (var c = 0u; c < R; c++) {
-            next[c] = unit_words(row_at[c] + unit_block(lane), lane);
+            (*buf)[c] = unit_words(row_at[c] + unit_block(u), u);
         }
     }
-    let early = residual_words(lane, col0);
+}
+
+// Adds unit u's products (words in `buf`) to acc, then refills `buf`
+// with the unit 2 LANES further on.
+fn unit_step(u: u32, units: u32, row_at: array<u32, 4>, buf: ptr<function, Words>, acc: ptr<function, array<f32, 8>>) {
+    if u < units {
+        let x = x_unit(u);
+        for (var c = 0u; c < R; c++) {
+            (*acc)[c] += unit_dot(row_at[c] + unit_block(u), u, (*buf)[c], x);
+        }
+        fetch_unit(u + 2u * LANES, units, row_at, buf);
+    }
+}
+
+// Rounds x into xq and xd and, with NORM, publishes 1 / rms(x) in inv_rms
+// (every thread gets the sum; the final sums' barrier publishes it).
+fn prepare_x(lid: u32, blocks: u32) {
     let ss = round_x(lid, blocks);
     if NORM {
-        // every thread gets the sum; the final sums' barrier publishes inv_rms
         let total = workgroup_sum(ss, lid);
         if lid == 0u {
             inv_rms[0] = inverseSqrt(total / f32(p.k) + bitcast<f32>(p.eps));
         }
     }
+}
+
+// The lane's sums with DEPTH 2: two buffers of words taken in turn (the
+// first two units' fetched before x is rounded).
+fn sums_deep(lid: u32, lane: u32, live: bool, blocks: u32, row_at: array<u32, 4>) -> array<f32, 8> {
+    let units = blocks / unit_blocks();
+    var b0: Words;
+    var b1: Words;
+    if live {
+        fetch_unit(lane, units, row_at, &b0);
+        fetch_unit(lane + LANES, units, row_at, &b1);
+    }
+    prepare_x(lid, blocks);
+    var acc: array<f32, 8>;
+    if live {
+        for (var u = lane; u < units; u += 2u * LANES) {
+            unit_step(u, units, row_at, &b0, &acc);
+            unit_step(u + LANES, units, row_at, &b1, &acc);
+        }
+    }
+    return acc;
+}
+
+// The lane's sums with DEPTH 1: the first unit's words are fetched before
+// x is rounded, the next ones' before this ones' products, so that loads
+// are in flight while the thread works.
+fn sums(lid: u32, lane: u32, live: bool, blocks: u32, row_at: array<u32, 4>) -> array<f32, 8> {
+    let units = blocks / unit_blocks();
+    var next: Words;
+    if live {
+        fetch_unit(lane, units, row_at, &next);
+    }
+    prepare_x(lid, blocks);
     var acc: array<f32, 8>;
     if live {
         for (var u = lane; u < units; u += LANES) {
             let cur = next;
-            let after = u + LANES;
-            if after < units {
-                for (var c = 0u; c < R; c++) {
-                    next[c] = unit_words(row_at[c] + unit_block(after), after);
-                }
-            }
+            fetch_unit(u + LANES, units, row_at, &next);
             let x = x_unit(u);
             for (var c = 0u; c < R; c++) {
-                let base = row_at[c] + unit_block(u);
-                acc[c] += unit_dot(base, u, cur[c], x);
+                acc[c] += unit_dot(row_at[c] + unit_block(u), u, cur[c], x);
             }
         }
+    }
+    return acc;
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let lane = lid % LANES;
+    let col0 = (group_index(wid, nwg) * (WG / LANES) + lid / LANES) * OC;
+    let blocks = p.k / 32u;
+    let live = col0 < p.n;
+    // byte offsets of the weight rows
+    var row_at: array<u32, 4>;
+    for (var c = 0u; c < R; c++) {
+        row_at[c] = weight_row(col0, c) * p.row_bytes;
+    }
+    let early = residual_words(lane, col0);
+    var acc: array<f32, 8>;
+    if DEPTH > 1u {
+        acc = sums_deep(lid, lane, live, blocks, row_at);
+    } else {
+        acc = sums(lid, lane, live, blocks, row_at);
     }
     finish(lid, lane, col0, acc, early);
 }

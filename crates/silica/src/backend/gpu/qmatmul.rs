@@ -253,6 +253,10 @@ pub(crate) fn qmatmul(
             None => gemv_lanes(n, k, oc),
         };
         let groups = n.div_ceil(256 / lanes * oc);
+        let depth = match x_blocks {
+            Some(_) => integer_depth(format, groups),
+            None => 1,
+        };
         let gemv = Gemv {
             m,
             rows,
@@ -260,6 +264,7 @@ pub(crate) fn qmatmul(
             fusion,
             residual: x.dtype(),
             x_blocks,
+            depth,
         };
         let kernel = if x_blocks.is_some() {
             &QGEMV_I8
@@ -334,6 +339,9 @@ struct Gemv {
     residual: DType,
     /// qgemv_i8's blocks of x in workgroup memory (`XB`).
     x_blocks: Option<usize>,
+    /// qgemv_i8's units of each weight row in flight per lane (`DEPTH`,
+    /// see [`integer_depth`]).
+    depth: usize,
 }
 
 /// The formats qgemv_i8 multiplies: those whose values are whole bytes or
@@ -399,6 +407,35 @@ const I8_SHORT_K: usize = 4096;
 #[cfg(test)]
 const I8_BUFFERS: [(usize, usize); 2] = [(128, I8_SHORT_K), (512, usize::MAX)];
 
+/// Units of each weight row that a lane of qgemv_i8 has in flight while it
+/// works on one (`DEPTH`): 2 for the formats of 32-value blocks (Q4_0,
+/// Q4_1, Q8_0) in products of at most [`I8_DEEP_GROUPS`] workgroups, 1
+/// otherwise. Few workgroups leave each SM few weight loads in flight
+/// with one unit ahead; a second buffer doubles them. Where the workgroups
+/// are many, the second buffer's registers cost occupancy instead. On an
+/// H100, weights read from memory, against 1 (thirty-fourth session):
+/// 4,096 x 11,008 Q4_0 16.9 -> 16.4 us, Q4_1 19.0 -> 17.6; 2,048 x 8,192
+/// Q4_0 10.4 -> 9.7, Q4_1 11.2 -> 10.0, Q8_0 12.7 -> 12.1; decode of a 1B
+/// Llama-shaped Q4_0 model 1,224-1,235 -> 1,244-1,249 tok/s. Everywhere,
+/// 2 lost at 11,008 x 4,096 (344 workgroups; Q4_0 14.7 -> 15.4), in the
+/// LM heads (1B Q4_0 56 -> 60) and for Q4_K (4,096 x 4,096, 9.8 -> 10.2).
+fn integer_depth(format: QuantFormat, groups: usize) -> usize {
+    let simple = matches!(
+        format,
+        QuantFormat::Q4_0 | QuantFormat::Q4_1 | QuantFormat::Q8_0
+    );
+    if simple && groups <= I8_DEEP_GROUPS {
+        2
+    } else {
+        1
+    }
+}
+
+/// Workgroups up to which qgemv_i8 keeps two units in flight (see
+/// [`integer_depth`]): about 1.5 an SM of an H100. At 256 (the 1B up
+/// product, 8,192 x 2,048) it lost: Q4_0 7.9 -> 8.2 us, Q8_0 10.3 -> 10.8.
+const I8_DEEP_GROUPS: usize = 192;
+
 /// Lanes per weight row of qgemv_i8 (each takes whole blocks).
 const I8_LANES: usize = 32;
 
@@ -460,7 +497,7 @@ fn constants(
             ("RES_DT", g.residual.gpu_code() as f64),
         ]);
         if let Some(xb) = g.x_blocks {
-            c.push(("XB", xb as f64));
+            c.extend([("XB", xb as f64), ("DEPTH", g.depth as f64)]);
         }
     }
     c
@@ -492,19 +529,25 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
                         fusion,
                         residual: dt,
                         x_blocks: None,
+                        depth: 1,
                     };
                     (&QGEMV, constants(format, dt, o, Some(g)))
                 };
+                // qgemv_i8 with each depth its format takes
                 let integer = |rows, fusion, xb| {
-                    let g = Gemv {
-                        m: 1,
-                        rows,
-                        lanes: I8_LANES,
-                        fusion,
-                        residual: dt,
-                        x_blocks: Some(xb),
-                    };
-                    (&QGEMV_I8, constants(format, dt, o, Some(g)))
+                    let depths = 1..=integer_depth(format, 0);
+                    depths.map(move |depth| {
+                        let g = Gemv {
+                            m: 1,
+                            rows,
+                            lanes: I8_LANES,
+                            fusion,
+                            residual: dt,
+                            x_blocks: Some(xb),
+                            depth,
+                        };
+                        (&QGEMV_I8, constants(format, dt, o, Some(g)))
+                    })
                 };
                 let rows = |m| gemv_rows(m, usize::MAX);
                 out.push((&QMATMUL, constants(format, dt, o, None)));
@@ -534,13 +577,13 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
                 };
                 if integer_format(format) {
                     for (xb, k) in I8_BUFFERS {
-                        out.push(integer(
+                        out.extend(integer(
                             integer_rows(format, rows(1), false, k),
                             QFusion::NONE,
                             xb,
                         ));
-                        out.push(integer(gemv_rows(1, GEMV_FEW_COLUMNS), QFusion::NONE, xb));
-                        out.push(integer(
+                        out.extend(integer(gemv_rows(1, GEMV_FEW_COLUMNS), QFusion::NONE, xb));
+                        out.extend(integer(
                             gemv_rows(1, GEMV_FEWEST_COLUMNS),
                             QFusion::NONE,
                             xb,
@@ -557,7 +600,7 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
                     if integer_format(format) {
                         for (xb, k) in I8_BUFFERS {
                             let rows = integer_rows(format, rows(1), fusion.swiglu, k);
-                            out.push(integer(rows, fusion, xb));
+                            out.extend(integer(rows, fusion, xb));
                         }
                     }
                     if fusion.swiglu {
