@@ -207,11 +207,14 @@ fn gpu_int8_activations_stay_within_the_rounding_bound() {
         ] {
             // Q6_K's blocks (210 bytes) start 2 bytes past a word in every
             // other row at K = 256, 768 and 4,352; x is rounded four threads
-            // a block up to K = 2,048, one thread a block past it
+            // a block up to K = 2,048, one thread a block past it. Q4_0,
+            // Q4_1 and Q8_0 keep two units of each row in flight up to 192
+            // workgroups (6,144 rows, 32 a workgroup) and one past them:
+            // 6,200 rows take the second path.
             let shapes: &[(usize, usize)] = if format.block_elems() == 256 {
                 &[(9, 256), (70, 768), (5, 3072), (3, 4352), (2050, 256)]
             } else {
-                &[(9, 288), (70, 512), (5, 3072), (3, 4128), (2050, 64)]
+                &[(9, 288), (70, 512), (5, 3072), (3, 4128), (2050, 64), (6200, 64)]
             };
             for &(n, k) in shapes {
                 let w = QTensor::random(format, &[n, k], 21, &dev).unwrap();
