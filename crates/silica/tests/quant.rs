@@ -214,7 +214,14 @@ fn gpu_int8_activations_stay_within_the_rounding_bound() {
             let shapes: &[(usize, usize)] = if format.block_elems() == 256 {
                 &[(9, 256), (70, 768), (5, 3072), (3, 4352), (2050, 256)]
             } else {
-                &[(9, 288), (70, 512), (5, 3072), (3, 4128), (2050, 64), (6200, 64)]
+                &[
+                    (9, 288),
+                    (70, 512),
+                    (5, 3072),
+                    (3, 4128),
+                    (2050, 64),
+                    (6200, 64),
+                ]
             };
             for &(n, k) in shapes {
                 let w = QTensor::random(format, &[n, k], 21, &dev).unwrap();
