@@ -434,6 +434,8 @@ fn integer_depth(format: QuantFormat, groups: usize) -> usize {
 /// Workgroups up to which qgemv_i8 keeps two units in flight (see
 /// [`integer_depth`]): about 1.5 an SM of an H100. At 256 (the 1B up
 /// product, 8,192 x 2,048) it lost: Q4_0 7.9 -> 8.2 us, Q8_0 10.3 -> 10.8.
+/// tests/quant.rs checks both sides of the bound (2,050 rows, 129
+/// workgroups; 6,200 rows, 194): a new bound needs shapes on both sides.
 const I8_DEEP_GROUPS: usize = 192;
 
 /// Lanes per weight row of qgemv_i8 (each takes whole blocks).
