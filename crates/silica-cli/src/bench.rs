@@ -45,6 +45,34 @@ pub struct BenchArgs {
     /// One JSON object per case instead of a table.
     #[arg(long)]
     json: bool,
+    /// Every matmul on a GPU through this kernel, where it applies (for
+    /// kernel work): matmul, matmul_big, matmul_coop, matmul_coop_sg4,
+    /// matmul_coop_vec, matmul_coop_wide or gemv.
+    #[arg(long, value_name = "KERNEL", value_parser = parse_matmul_kernel)]
+    matmul_kernel: Option<&'static str>,
+    /// MiB of weight copies that the decode products cycle through, so
+    /// that each call reads its weight from memory [default: 256].
+    #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    cold_mib: Option<u64>,
+}
+
+/// The matmul kernels `--matmul-kernel` takes.
+const MATMUL_KERNELS: [&str; 7] = [
+    "matmul",
+    "matmul_big",
+    "matmul_coop",
+    "matmul_coop_sg4",
+    "matmul_coop_vec",
+    "matmul_coop_wide",
+    "gemv",
+];
+
+fn parse_matmul_kernel(s: &str) -> Result<&'static str, String> {
+    MATMUL_KERNELS
+        .iter()
+        .find(|k| **k == s)
+        .copied()
+        .ok_or_else(|| format!("one of {}", MATMUL_KERNELS.join(", ")))
 }
 
 fn parse_seconds(s: &str) -> Result<f64, String> {
@@ -292,19 +320,14 @@ fn cases(large: bool, cpu: bool) -> Vec<Case> {
 /// call, so that each call reads its weight from memory rather than from
 /// the last-level cache, as a decode step does (it reads every weight once
 /// per token). A product that reused one weight would be timed from the
-/// cache wherever the weight fits it: an H100's 50 MB L2 holds every 7B
-/// decode weight in 4 bits. 256 MiB is five times that L2, and above the
-/// largest system-level caches of Apple's chips.
+/// cache wherever the weight fits it; 256 MiB is several times the largest
+/// GPU caches (docs/tuning.md, "Bench warm-up and cold weights").
 const COLD_BYTES: usize = 256 << 20;
 
-/// How many copies of a weight of `bytes` a case cycles through.
-/// `SILICA_BENCH_COLD_MIB` (for kernel work) sets another total.
-fn copies(cold: bool, bytes: usize) -> usize {
+/// How many copies of a weight of `bytes` a case cycles through, `total`
+/// bytes of them when `cold`.
+fn copies(cold: bool, bytes: usize, total: usize) -> usize {
     if cold {
-        let total = std::env::var("SILICA_BENCH_COLD_MIB")
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
-            .map_or(COLD_BYTES, |mib| mib << 20);
         total.div_ceil(bytes.max(1)).max(1)
     } else {
         1
@@ -336,7 +359,12 @@ impl<T> Cycle<T> {
 /// The inputs of a case and the function that runs it once.
 type Runner = Box<dyn Fn() -> silica::Result<Tensor>>;
 
-fn build(kind: &Kind, dtype: DType, dev: &Device) -> silica::Result<(Runner, f64, f64)> {
+fn build(
+    kind: &Kind,
+    dtype: DType,
+    dev: &Device,
+    cold_bytes: usize,
+) -> silica::Result<(Runner, f64, f64)> {
     let rnd = |shape: &[usize], seed: u64| Tensor::randn(shape, dtype, seed, dev);
     let es = dtype.size_in_bytes() as f64;
     Ok(match *kind {
@@ -349,7 +377,7 @@ fn build(kind: &Kind, dtype: DType, dev: &Device) -> silica::Result<(Runner, f64
         Kind::Linear { m, n, k, cold } => {
             let a = rnd(&[m, k], 1)?;
             let w = rnd(&[n, k], 2)?;
-            let ws = (0..copies(cold, n * k * dtype.size_in_bytes()))
+            let ws = (0..copies(cold, n * k * dtype.size_in_bytes(), cold_bytes))
                 .map(|i| if i == 0 { Ok(w.clone()) } else { w.copy() }?.t())
                 .collect::<silica::Result<Vec<_>>>()?;
             let flops = 2.0 * (m * n * k) as f64;
@@ -368,7 +396,7 @@ fn build(kind: &Kind, dtype: DType, dev: &Device) -> silica::Result<(Runner, f64
             let w = QTensor::random(format, &[n, k], 2, dev)?;
             let size = w.size_in_bytes();
             let mut ws = vec![w];
-            let copies = copies(cold, size);
+            let copies = copies(cold, size, cold_bytes);
             if copies > 1 {
                 let host = ws[0].to_bytes()?;
                 for _ in 1..copies {
@@ -493,9 +521,8 @@ impl Timing {
 
 /// Seconds of calls before a case is timed (at most its budget). A GPU that
 /// idled while the host made the case's operands runs at its idle clock for
-/// the first few hundred milliseconds of work: an H100 went from 345 to
-/// 1,980 MHz about 0.3 s into a run of 8192³ products, and a loop timed from
-/// the start took 11–22 ms a product instead of 4.6.
+/// the first few hundred milliseconds of work (docs/tuning.md, "Bench
+/// warm-up and cold weights").
 const WARM_UP_S: f64 = 0.4;
 
 fn time(f: &Runner, dev: &Device, budget: f64) -> silica::Result<Timing> {
@@ -558,17 +585,8 @@ fn small_ops(dev: &Device, dtype: DType) -> silica::Result<SmallOps> {
     let one = Tensor::ones(&[1024], dtype, dev)?;
     let chain = || -> silica::Result<Tensor> {
         let mut y = x.clone();
-        let alt: usize = std::env::var("SILICA_ALT")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(1);
-        for i in 0..1000 {
-            y = match i % alt {
-                0 => y.add(&one)?,
-                1 => y.mul(&one)?,
-                2 => y.sub(&one)?,
-                _ => y.div(&one)?,
-            };
+        for _ in 0..1000 {
+            y = y.add(&one)?;
         }
         Ok(y)
     };
@@ -670,11 +688,10 @@ pub fn run(args: &BenchArgs) -> Result<(), CliError> {
     let dtype = crate::generate::parse_dtype(&args.dtype)?;
     let dev = crate::open_device(args.device.as_deref())?;
     let cpu = matches!(dev, Device::Cpu);
-    // SILICA_BENCH_MATMUL=<kernel> (for kernel work): every matmul on the
-    // GPU through that kernel, where it applies (see the test hook)
-    if let (Device::Gpu(g), Ok(name)) = (&dev, std::env::var("SILICA_BENCH_MATMUL")) {
-        g.force_matmul_kernel_for_testing(Some(name.leak()));
+    if let (Device::Gpu(g), Some(name)) = (&dev, args.matmul_kernel) {
+        g.force_matmul_kernel_for_testing(Some(name));
     }
+    let cold_bytes = args.cold_mib.map_or(COLD_BYTES, |mib| (mib as usize) << 20);
     if !args.json {
         emit(&format!(
             "silica bench on {dev} ({dtype}); time per call: {}\n\n{:<48} {:>11} {:>11} {:>10} {:>10}\n",
@@ -698,7 +715,7 @@ pub fn run(args: &BenchArgs) -> Result<(), CliError> {
         {
             continue;
         }
-        let (runner, flops, bytes) = build(&case.kind, dtype, &dev)?;
+        let (runner, flops, bytes) = build(&case.kind, dtype, &dev, cold_bytes)?;
         let mut t = time(&runner, &dev, args.seconds)?;
         drop(runner);
         // a chain's figures are per product

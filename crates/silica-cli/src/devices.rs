@@ -34,12 +34,12 @@ pub fn run(args: &DevicesArgs) -> Result<(), CliError> {
 /// The device `Device::best()` picks, found without opening it: `Ok(None)`
 /// is the CPU, `Ok(Some(i))` is `gpu:i`. Also says why it is the default.
 fn default_device(adapters: &[DeviceInfo]) -> (Result<Option<usize>, silica::Error>, String) {
-    match std::env::var("SILICA_DEVICE") {
-        Ok(s) if !s.trim().is_empty() => {
+    match silica::config::device_selector() {
+        Some(s) => {
             let pick = Selector::parse(&s).and_then(|sel| sel.resolve(adapters, &s));
             (pick, format!("chosen by SILICA_DEVICE={s}"))
         }
-        _ => match silica::default_gpu_index() {
+        None => match silica::default_gpu_index() {
             Some(i) => (Ok(Some(i)), "the best hardware GPU".to_string()),
             None => (
                 Ok(None),

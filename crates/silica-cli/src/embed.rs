@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use silica::DType;
 use silica_models::bert::{SentenceEncoder, cosine};
-use silica_models::encoder_resolve::{DEFAULT_ENCODER, resolve_encoder};
+use silica_models::resolve::{DEFAULT_ENCODER, resolve_encoder};
 
 use crate::{CliError, emit};
 

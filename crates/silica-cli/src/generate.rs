@@ -225,8 +225,9 @@ pub fn run(args: &GenerateArgs) -> Result<(), CliError> {
         dtype,
         dequantize: args.dequantize,
     };
-    // the tokenizer (0.3-0.6 s for a 128K-token vocabulary on an H100's
-    // host) is built while the weights load
+    // the tokenizer (a large share of the load for a 128K-token
+    // vocabulary) is built while the weights load (docs/tuning.md,
+    // "Tokenizer built during the load")
     let (tokenized, model) = std::thread::scope(|s| {
         let tokenize = s.spawn(|| tokenize_prompt(&gguf, args, &prompt));
         let model = Llama::load_with(&gguf, &device, opts);
@@ -253,7 +254,7 @@ pub fn run(args: &GenerateArgs) -> Result<(), CliError> {
     );
     // --profile covers the decode: off during the prefill (SILICA_PROFILE=1
     // turned it on with the device), on from the first piece of text
-    let profile = args.profile || env_flag("SILICA_PROFILE");
+    let profile = args.profile || silica::GpuOptions::from_env().profile;
     let profiling = profile && device.info().timestamps;
     if profile {
         device.set_profiling(false);
@@ -328,10 +329,6 @@ pub fn run(args: &GenerateArgs) -> Result<(), CliError> {
         print_profile(&device, steps, wall);
     }
     Ok(())
-}
-
-fn env_flag(name: &str) -> bool {
-    std::env::var(name).is_ok_and(|v| !matches!(v.trim(), "" | "0" | "false"))
 }
 
 /// The forward passes run after the first piece of text was emitted, which

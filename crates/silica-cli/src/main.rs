@@ -74,6 +74,7 @@ impl CliError {
 const ERROR_STATUS: u8 = 2;
 
 fn main() -> ExitCode {
+    quiet_headless_vulkan();
     init_tracing();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
@@ -88,6 +89,18 @@ fn main() -> ExitCode {
         }
         // the panic hook already printed the message
         Err(_) => ExitCode::from(ERROR_STATUS),
+    }
+}
+
+/// On a machine without a display, turns off Mesa's Vulkan device-select
+/// layer, which otherwise prints `XDG_RUNTIME_DIR is invalid` errors while
+/// it looks for a Wayland display to rank adapters by; silica ranks them
+/// itself. `NODEVICE_SELECT` set by the user is kept.
+fn quiet_headless_vulkan() {
+    let has = |v: &str| std::env::var_os(v).is_some_and(|s| !s.is_empty());
+    if !has("WAYLAND_DISPLAY") && !has("DISPLAY") && std::env::var_os("NODEVICE_SELECT").is_none() {
+        // SAFETY: first thing in main, before any other thread exists
+        unsafe { std::env::set_var("NODEVICE_SELECT", "1") };
     }
 }
 
@@ -137,8 +150,8 @@ pub fn open_device(selector: Option<&str>) -> Result<silica::Device, CliError> {
     use silica::Device;
     match selector {
         Some(sel) => Ok(Device::select(sel)?),
-        None => Device::best().map_err(|e| match std::env::var("SILICA_DEVICE") {
-            Ok(env) if !env.trim().is_empty() => CliError(format!("SILICA_DEVICE={env}: {e}")),
+        None => Device::best().map_err(|e| match silica::config::device_selector() {
+            Some(env) => CliError(format!("SILICA_DEVICE={env}: {e}")),
             _ => e.into(),
         }),
     }

@@ -4,8 +4,7 @@
 use std::fmt::Write;
 use std::path::Path;
 
-use silica_models::encoder_resolve::DEFAULT_ENCODER;
-use silica_models::resolve::{self, DEFAULT_DECODER};
+use silica_models::resolve::{self, DEFAULT_DECODER, DEFAULT_ENCODER};
 
 use crate::{CliError, emit};
 

@@ -107,10 +107,11 @@ pub fn generate(
     let mut text = String::new();
     let t0 = Instant::now();
     // on a GPU a second thread builds the decode step's kernels while this
-    // one records the prompt's (a few ms each with a warm driver cache,
-    // about a tenth of a 128-token generation's time on an H100 when the
-    // first step built them itself); not under a memory limit, since it
-    // allocates a small cache and activations of its own
+    // one records the prompt's (a few ms each even with a warm driver
+    // cache, a noticeable share of a short generation when the first step
+    // builds them itself; docs/tuning.md, "Decode kernels built ahead");
+    // not under a memory limit, since it allocates a small cache and
+    // activations of its own
     let device = model.device();
     let build = device.is_gpu() && device.memory_stats().limit.is_none();
     let mut pick = std::thread::scope(|s| {

@@ -3,7 +3,6 @@
 
 pub mod bert;
 pub mod chat;
-pub mod encoder_resolve;
 mod error;
 mod file_bytes;
 pub mod generate;

@@ -15,8 +15,7 @@ use serde::Deserialize;
 use silica::{DType, Device, Tensor};
 use silica_models::Error;
 use silica_models::bert::{Activation, Architecture, Bert, BertConfig, SentenceEncoder, cosine};
-use silica_models::encoder_resolve::{DEFAULT_ENCODER, resolve_encoder};
-use silica_models::resolve::sha256_file;
+use silica_models::resolve::{DEFAULT_ENCODER, resolve_encoder, sha256_file};
 
 #[derive(Deserialize)]
 struct Golden {

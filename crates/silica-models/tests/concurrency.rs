@@ -4,11 +4,12 @@
 //! device, with one shared model, give exactly the tokens each gives when
 //! run alone; on the CPU and on every GPU adapter.
 //!
-//! The model is the tiny random Llama of tests/tiny_model;
+//! The model is the tiny random Llama of tests/common/tiny_llama.rs;
 //! `SILICA_SOAK_MODEL=default` runs SmolLM2-135M-Instruct instead, and
 //! `SILICA_STRESS_TOKENS` sets the tokens per generation (default 300).
 
-mod tiny_model;
+#[path = "common/tiny_llama.rs"]
+mod tiny_llama;
 
 use std::sync::{Barrier, Mutex, MutexGuard};
 use std::time::Instant;
@@ -17,7 +18,7 @@ use silica_models::generate::{GenerationStats, generate};
 use silica_models::llama::{KvCache, Llama};
 use silica_models::sampling::{Sampler, SamplingParams};
 use silica_models::tokenizer::Tokenizer;
-use tiny_model::Model;
+use tiny_llama::Model;
 
 /// Compile-time check: a model and its tokenizer can be shared between
 /// threads, and a cache can be handed to another thread.
@@ -61,7 +62,7 @@ fn two_generations_at_once_match_their_serial_runs() {
         .ok()
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(300);
-    for dev in tiny_model::devices() {
+    for dev in tiny_llama::devices() {
         let (llama, tokenizer) = model.load(&dev);
         let t0 = Instant::now();
         let serial: Vec<Vec<u32>> = PROMPTS
@@ -128,7 +129,7 @@ fn two_generations_at_once_match_their_serial_runs() {
 fn generations_on_two_devices_at_once_match_their_serial_runs() {
     let _serial = lock_device_state();
     let model = Model::from_env("two-devices");
-    let devices = tiny_model::devices();
+    let devices = tiny_llama::devices();
     if devices.len() < 2 {
         return; // CPU only, allowed without SILICA_REQUIRE_GPU
     }

@@ -20,8 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-use silica_models::encoder_resolve::resolve_encoder_with;
-use silica_models::resolve::{HubOptions, resolve_decoder_with, sha256_file};
+use silica_models::resolve::{HubOptions, resolve_decoder_with, resolve_encoder_with, sha256_file};
 
 const COMMIT: &str = "0123456789abcdef0123456789abcdef01234567";
 

@@ -6,19 +6,20 @@
 //! runs 2..n (the first run builds the kernels and fills the caches).
 //!
 //! The model is a tiny random Llama written to a temporary directory
-//! (tests/tiny_model), so CI runs it in seconds. By hand:
+//! (tests/common/tiny_llama.rs), so CI runs it in seconds. By hand:
 //! `SILICA_SOAK_MODEL=default` runs SmolLM2-135M-Instruct instead,
 //! `SILICA_SOAK_RUNS` sets the runs (default 3) and `SILICA_SOAK_TOKENS`
 //! the tokens per run (default 1,000).
 
-mod tiny_model;
+#[path = "common/tiny_llama.rs"]
+mod tiny_llama;
 
 use std::time::Instant;
 
 use silica::Device;
 use silica_models::generate::generate;
 use silica_models::sampling::{Sampler, SamplingParams};
-use tiny_model::Model;
+use tiny_llama::Model;
 
 const MIB: f64 = (1 << 20) as f64;
 
@@ -134,7 +135,7 @@ fn repeated_generations_leave_no_memory_behind() {
     let tokens = env_usize("SILICA_SOAK_TOKENS", 1000);
     assert!(runs >= 1 && tokens >= 1);
     // one device after the other: resident memory is a process-wide figure
-    for dev in tiny_model::devices() {
+    for dev in tiny_llama::devices() {
         soak_on(&model, &dev, runs, tokens);
     }
 }

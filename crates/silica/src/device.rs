@@ -5,7 +5,9 @@
 //! DX12 before GL, discrete before integrated before others. CPU-type adapters
 //! (software rasterizers such as Mesa's lavapipe) are listed and can be chosen
 //! by name or index, but [`Device::best`] never picks one: the native CPU
-//! backend is faster.
+//! backend is faster. OpenGL adapters are looked for only when asked for
+//! (`SILICA_DEVICE=gl`, `WGPU_BACKEND=gl`): they lack what the kernels
+//! need, and probing Mesa's GL driver without a display prints errors.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -13,7 +15,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::backend::gpu::{GpuDevice, KernelTime};
 use crate::memory::MemoryStats;
-use crate::{Error, Result};
+use crate::{Error, GpuOptions, Result};
 
 /// Where tensors live and ops run. Cheap to clone; clones share the device.
 ///
@@ -97,10 +99,14 @@ struct Registry {
 fn registry() -> &'static Registry {
     static REGISTRY: OnceLock<Registry> = OnceLock::new();
     REGISTRY.get_or_init(|| {
+        let mut backends = wgpu::Backends::from_env().unwrap_or(wgpu::Backends::all());
+        if !crate::config::probe_gl() {
+            backends.remove(wgpu::Backends::GL);
+        }
         let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
         desc.backends.remove(wgpu::Backends::BROWSER_WEBGPU);
+        desc.backends &= backends;
         let instance = wgpu::Instance::new(desc);
-        let backends = wgpu::Backends::from_env().unwrap_or(wgpu::Backends::all());
         let adapters = pollster::block_on(instance.enumerate_adapters(backends));
         let mut entries: Vec<AdapterEntry> = adapters
             .into_iter()
@@ -316,7 +322,16 @@ impl Selector {
                 .iter()
                 .position(|a| a.backend == *b)
                 .map(Some)
-                .ok_or_else(|| err(listing())),
+                .ok_or_else(|| {
+                    let mut reason = listing();
+                    if *b == BackendKind::Gl {
+                        reason.push_str(
+                            "; OpenGL adapters are only looked for when SILICA_DEVICE=gl \
+                             or WGPU_BACKEND=gl is set at startup",
+                        );
+                    }
+                    err(reason)
+                }),
             Selector::Name(n) => infos
                 .iter()
                 .position(|a| a.name.to_ascii_lowercase().contains(n.as_str()))
@@ -335,9 +350,9 @@ impl Device {
     /// The device named by `SILICA_DEVICE` if set, else the best GPU
     /// (never a software adapter), else the CPU.
     pub fn best() -> Result<Device> {
-        match std::env::var("SILICA_DEVICE") {
-            Ok(s) if !s.trim().is_empty() => Device::select(&s),
-            _ => match default_gpu_index() {
+        match crate::config::device_selector() {
+            Some(s) => Device::select(&s),
+            None => match default_gpu_index() {
                 Some(i) => Device::gpu(i),
                 None => Ok(Device::Cpu),
             },
@@ -375,9 +390,34 @@ impl Device {
         {
             return Ok(Device::Gpu(dev.clone()));
         }
-        let dev = Arc::new(GpuDevice::open(&entry.adapter, entry.info.clone())?);
+        let dev = Arc::new(GpuDevice::open(
+            &entry.adapter,
+            entry.info.clone(),
+            &GpuOptions::from_env(),
+        )?);
         opened.insert(index, dev.clone());
         Ok(Device::Gpu(dev))
+    }
+
+    /// The GPU adapter at `index` opened anew with `options` instead of
+    /// the environment's settings: a device of its own, with its own memory
+    /// pool and pipelines, that [`Device::gpu`] does not return. For
+    /// comparing configurations in one process (tests, benchmarks).
+    ///
+    /// ```no_run
+    /// use silica::{Device, GpuOptions};
+    /// let opts = GpuOptions { cooperative_matrix: false, ..GpuOptions::default() };
+    /// let dev = Device::gpu_with_options(0, &opts)?;
+    /// # Ok::<(), silica::Error>(())
+    /// ```
+    pub fn gpu_with_options(index: usize, options: &GpuOptions) -> Result<Device> {
+        let reg = registry();
+        let entry = reg.adapters.get(index).ok_or_else(|| Error::NoDevice {
+            selector: format!("gpu:{index}"),
+            reason: format!("{} GPU adapters found", reg.adapters.len()),
+        })?;
+        let dev = GpuDevice::open(&entry.adapter, entry.info.clone(), options)?;
+        Ok(Device::Gpu(Arc::new(dev)))
     }
 
     /// Name and capabilities.

@@ -1,8 +1,10 @@
-//! Runs an op on the device of its inputs, falling back to the CPU where
-//! the GPU has no kernel (ARCHITECTURE.md §3).
+//! Runs an op, built-in or custom, on the device of its inputs, falling
+//! back to the CPU where the GPU has no kernel, and compares GPU results
+//! with the CPU's in check mode (ARCHITECTURE.md, "How an op runs").
 
 use crate::backend::Backend;
 use crate::backend::cpu::CpuBackend;
+use crate::custom::{CustomOp, Tolerance};
 use crate::storage::{CpuStorage, Storage};
 use crate::{DType, Device, Error, Op, Result, Tensor};
 
@@ -42,7 +44,7 @@ pub(crate) fn run(
                     Err(e) => return Err(e),
                 }
             }
-            g.record_fallback(&op, first.dtype())?;
+            g.record_fallback(op.name(), first.dtype())?;
             let out = run_on_cpu(&op, inputs, &out_shape, out_dtype)?;
             Tensor::from_cpu(out, &out_shape, &device)
         }
@@ -68,39 +70,31 @@ fn run_on_cpu(
     }
 }
 
-/// Tolerance of `SILICA_CHECK`: element i of a result may differ from the
-/// CPU's r by `rel * (1 + |r_i|) + rel * rms_share * rms(r)`.
-#[derive(Clone, Copy)]
-struct CheckTol {
-    rel: f64,
-    rms_share: f64,
-}
-
 /// The `SILICA_CHECK` tolerance of `op` with results of `dtype`.
-fn check_tolerance(op: &Op, dtype: DType) -> CheckTol {
-    let base = match dtype {
-        DType::F32 => 1e-4,
-        DType::F16 => 2e-3,
-        DType::BF16 => 1.6e-2,
-        DType::U32 | DType::I64 => 0.0,
-    };
-    let rel = match op {
-        // sums of many rounded products
-        Op::Matmul | Op::QMatmul { .. } | Op::Reduce(_) | Op::Attention { .. } => base * 10.0,
-        Op::RmsNorm { .. } | Op::LayerNorm { .. } => base * 4.0,
-        _ => base,
-    };
-    // The cooperative-matrix kernel of a quantized product with 16-bit
-    // activations rounds the decoded weights to f16, as a model dequantized
-    // at load holds them. In a sum of K products that rounding's error
-    // grows like the outputs' typical size (both like √K), not like the
-    // element's, so outputs near zero are allowed 1/32 of the outputs' RMS
-    // at the op's tolerance on top.
-    let rms_share = match op {
-        Op::QMatmul { .. } if dtype != DType::F32 => 1.0 / 32.0,
-        _ => 0.0,
-    };
-    CheckTol { rel, rms_share }
+fn check_tolerance(op: &Op, dtype: DType) -> Tolerance {
+    match op {
+        // The cooperative-matrix kernel of a quantized product with 16-bit
+        // activations rounds the decoded weights to f16, as a model
+        // dequantized at load holds them. In a sum of K products that
+        // rounding's error grows like the outputs' typical size (both like
+        // √K), not like the element's, so outputs near zero are allowed
+        // 1/32 of the outputs' RMS on top.
+        Op::QMatmul { .. } if dtype != DType::F32 => Tolerance {
+            rms_share: 1.0 / 32.0,
+            ..Tolerance::sums(dtype)
+        },
+        Op::Matmul | Op::QMatmul { .. } | Op::Reduce(_) | Op::Attention { .. } => {
+            Tolerance::sums(dtype)
+        }
+        Op::RmsNorm { .. } | Op::LayerNorm { .. } => {
+            let e = Tolerance::elementwise(dtype);
+            Tolerance {
+                rel: e.rel * 4.0,
+                rms_share: 0.0,
+            }
+        }
+        _ => Tolerance::elementwise(dtype),
+    }
 }
 
 /// `SILICA_CHECK=1`: compares a GPU result with the CPU kernel's.
@@ -116,38 +110,18 @@ fn check_against_cpu(op: &Op, inputs: &[&Tensor], gpu_out: &Tensor) -> Result<()
     check_close(op.name(), input, &reference, gpu_out, tol)
 }
 
-/// `SILICA_CHECK=1` for a fused step of several ops: compares the GPU's
-/// result `got` with `reference` (the same ops' CPU results, in f64) at
-/// the tolerance of `like` (the op whose rounding the step shares).
-pub(crate) fn check_fused(
-    name: &'static str,
-    like: &Op,
-    shapes: Vec<Vec<usize>>,
-    reference: &Tensor,
-    got: &Tensor,
-) -> Result<()> {
-    let tol = check_tolerance(like, got.dtype());
-    check_close(
-        name,
-        (got.dtype(), shapes),
-        &reference.to_f64_vec()?,
-        got,
-        tol,
-    )
-}
-
 /// The element of `got` furthest from `reference` beyond `tol` (see
-/// [`CheckTol`]), as an error naming the op's input (dtype and shapes);
+/// [`Tolerance`]), as an error naming the op's input (dtype and shapes);
 /// NaN matches NaN.
 fn check_close(
     op: &'static str,
     (dtype, shapes): (DType, Vec<Vec<usize>>),
     reference: &[f64],
     got: &Tensor,
-    CheckTol {
+    Tolerance {
         rel: tol,
         rms_share,
-    }: CheckTol,
+    }: Tolerance,
 ) -> Result<()> {
     let floor = if rms_share > 0.0 {
         let mean_sq = reference.iter().map(|r| r * r).sum::<f64>() / reference.len().max(1) as f64;
@@ -181,5 +155,138 @@ fn check_close(
             index,
             tolerance: tol,
         }),
+    }
+}
+
+/// Runs a custom op (see [`crate::custom`]): its CPU reference on the CPU;
+/// on a GPU its kernels, else its composition of other ops, else its CPU
+/// reference on host copies as a counted fallback.
+pub(crate) fn run_custom(
+    op: &dyn CustomOp,
+    inputs: &[&Tensor],
+    in_place: &mut [&mut Tensor],
+) -> Result<Tensor> {
+    let name = op.name();
+    let (device, first_dtype) = {
+        let Some(first) = inputs.first().copied().or(in_place.first().map(|t| &**t)) else {
+            return Err(Error::InvalidArgument {
+                op: name,
+                msg: "a custom op needs at least one operand".into(),
+            });
+        };
+        for t in inputs.iter().copied().chain(in_place.iter().map(|t| &**t)) {
+            first.same_device(t, name)?;
+        }
+        (first.device().clone(), first.dtype())
+    };
+    let (shape, dtype) = {
+        let ip: Vec<&Tensor> = in_place.iter().map(|t| &**t).collect();
+        op.output(inputs, &ip)?
+    };
+    let g = match &device {
+        Device::Cpu => {
+            let out = op.cpu(inputs, in_place)?;
+            return expect_output(name, out, &shape, dtype);
+        }
+        Device::Gpu(g) => g.clone(),
+    };
+    g.check_alive()?;
+    for t in in_place.iter_mut() {
+        t.make_own()?;
+    }
+    let reference = if g.check_mode() {
+        Some(cpu_reference(op, inputs, in_place)?)
+    } else {
+        None
+    };
+    if !g.is_disabled(name) {
+        let ip: Vec<&Tensor> = in_place.iter().map(|t| &**t).collect();
+        let mut call = crate::backend::gpu::GpuCall::new(&g, inputs, &ip, &shape, dtype);
+        let served = match op.gpu(&mut call) {
+            Ok(served) => served,
+            Err(Error::NotSupported { .. }) => false,
+            Err(e) => return Err(e),
+        };
+        if served {
+            let Some(buf) = call.finish() else {
+                return Err(Error::InvalidArgument {
+                    op: name,
+                    msg: "the GPU kernel ran but produced no output".into(),
+                });
+            };
+            let out = Tensor::from_parts(
+                crate::storage::Storage::Gpu(buf),
+                &shape,
+                dtype,
+                device.clone(),
+            );
+            if let Some((want, want_in_place)) = reference {
+                let shapes: Vec<Vec<usize>> = inputs
+                    .iter()
+                    .chain(&ip)
+                    .map(|t| t.shape().to_vec())
+                    .collect();
+                let input = (first_dtype, shapes);
+                let tol = op.tolerance(dtype, 0);
+                check_close(name, input.clone(), &want.to_f64_vec()?, &out, tol)?;
+                for (i, (w, got)) in want_in_place.iter().zip(&ip).enumerate() {
+                    let tol = op.tolerance(got.dtype(), i + 1);
+                    check_close(name, input.clone(), &w.to_f64_vec()?, got, tol)?;
+                }
+            }
+            return Ok(out);
+        }
+    }
+    if let Some(out) = op.compose(inputs, in_place)? {
+        return expect_output(name, out, &shape, dtype);
+    }
+    g.record_fallback(name, first_dtype)?;
+    let (out, updated) = match reference {
+        Some(r) => r,
+        None => cpu_reference(op, inputs, in_place)?,
+    };
+    for (t, host) in in_place.iter_mut().zip(updated) {
+        **t = host.to_device(&device)?;
+    }
+    let out = out.to_device(&device)?;
+    expect_output(name, out, &shape, dtype)
+}
+
+/// A custom op's CPU reference on host copies of its operands, on the
+/// exact CPU path: its output and the updated copies of `in_place`.
+fn cpu_reference(
+    op: &dyn CustomOp,
+    inputs: &[&Tensor],
+    in_place: &[&mut Tensor],
+) -> Result<(Tensor, Vec<Tensor>)> {
+    let host = Device::Cpu;
+    let inputs: Vec<Tensor> = inputs
+        .iter()
+        .map(|t| t.to_device(&host))
+        .collect::<Result<_>>()?;
+    let mut updated: Vec<Tensor> = in_place
+        .iter()
+        .map(|t| t.to_device(&host)?.copy())
+        .collect::<Result<_>>()?;
+    let refs: Vec<&Tensor> = inputs.iter().collect();
+    let mut muts: Vec<&mut Tensor> = updated.iter_mut().collect();
+    let out = crate::backend::cpu::exact(|| op.cpu(&refs, &mut muts))?;
+    Ok((out, updated))
+}
+
+/// `out` if it has the shape and dtype the op declared, else an error
+/// naming the op (a custom op whose parts disagree).
+fn expect_output(name: &'static str, out: Tensor, shape: &[usize], dtype: DType) -> Result<Tensor> {
+    if out.shape() == shape && out.dtype() == dtype {
+        Ok(out)
+    } else {
+        Err(Error::InvalidArgument {
+            op: name,
+            msg: format!(
+                "produced {:?} {} where its output was declared {shape:?} {dtype}",
+                out.shape(),
+                out.dtype()
+            ),
+        })
     }
 }

@@ -19,10 +19,13 @@
 //! ```
 
 pub mod backend;
+pub mod config;
+pub mod custom;
 mod device;
 mod dispatch;
 mod dtype;
 mod error;
+mod fused;
 mod layout;
 mod memory;
 pub mod ops;
@@ -32,7 +35,8 @@ mod storage;
 mod tensor;
 
 pub use backend::cpu::{cpu_int8_activations, set_cpu_int8_activations};
-pub use backend::gpu::{FallbackCount, GpuDevice, KernelTime};
+pub use backend::gpu::{FallbackCount, GpuDevice, GpuFeatures, KernelNeeds, KernelTime};
+pub use config::GpuOptions;
 pub use device::{
     BackendKind, Device, DeviceInfo, Selector, adapters, default_gpu_index, device_count,
     is_available,

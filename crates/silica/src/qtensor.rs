@@ -405,26 +405,21 @@ impl Tensor {
                 Cow::Owned(r.contiguous()?)
             });
         }
-        let fusion = QFusion {
-            rms_norm: fuse.rms_norm.map(|(_, eps)| eps),
-            swiglu: fuse.swiglu,
-            residual: fuse.residual.is_some(),
-        };
         let refs: Vec<&Tensor> = inputs.iter().map(|t| t.as_ref()).collect();
-        let rows = self.numel() / k.max(1);
-        let op = Op::QMatmul {
-            format: w.format,
-            fusion,
-        };
-        let fused_kernel = match self.device() {
-            Device::Gpu(g) => g.fuses_qmatmul(&op, self.dtype(), rows),
-            Device::Cpu => false,
-        };
-        if plain || fused_kernel {
-            run(op, &refs, out_shape, self.dtype())
-        } else {
-            qmatmul_composed(w.format, fusion, &refs)
+        if plain {
+            let op = Op::QMatmul { format: w.format };
+            return run(op, &refs, out_shape, self.dtype());
         }
+        let fused = crate::fused::FusedQMatmul {
+            format: w.format,
+            fusion: QFusion {
+                rms_norm: fuse.rms_norm.map(|(_, eps)| eps),
+                swiglu: fuse.swiglu,
+                residual: fuse.residual.is_some(),
+            },
+            out_shape,
+        };
+        crate::custom::apply(&fused, &refs)
     }
 }
 
@@ -444,8 +439,8 @@ fn aligned_rows(t: &Tensor) -> Result<Cow<'_, Tensor>> {
 /// kernel.
 const PREFILL_ROWS: usize = crate::backend::gpu::qmatmul::COOP_MIN_M;
 
-/// A fused quantized product (inputs as for [`Op::QMatmul`]) as separate
-/// ops: where no kernel fuses it, and the CPU reference. Like the fused
+/// A fused quantized product (`FusedQMatmul`'s operands) as separate ops:
+/// where no kernel fuses it, and the CPU reference. Like the fused
 /// kernel, it computes in f32 and rounds to the dtype once, at the end;
 /// except a prefill in f16 (`PREFILL_ROWS` rows or more), which runs every
 /// op in f16 as a dense f16 model does, so that a GPU takes the product on
@@ -474,10 +469,7 @@ pub(crate) fn qmatmul_composed(
     let mut shape = x.shape().to_vec();
     let last = shape.len() - 1;
     shape[last] = rows;
-    let plain = Op::QMatmul {
-        format,
-        fusion: QFusion::NONE,
-    };
+    let plain = Op::QMatmul { format };
     let mut y = run(plain, &[aligned_rows(&x)?.as_ref(), w], shape, ct)?;
     if fusion.swiglu {
         let n = rows / 2;

@@ -1,4 +1,4 @@
-//! The CPU fallback of ARCHITECTURE §3 on the first GPU adapter: an op whose
+//! The CPU fallback (ARCHITECTURE.md) on the first GPU adapter: an op whose
 //! kernel is missing runs on the CPU, is counted in the fallback report, keeps
 //! its result on the GPU, and is an error in strict mode; check mode re-runs
 //! native ops on the CPU without changing their results.

@@ -45,6 +45,21 @@ impl QFusion {
     pub fn is_none(&self) -> bool {
         *self == Self::NONE
     }
+
+    /// The name of the product with these fusions, as fallback reports
+    /// and errors give it.
+    pub fn name(&self) -> &'static str {
+        match (self.rms_norm.is_some(), self.swiglu, self.residual) {
+            (false, false, false) => "matmul_q",
+            (false, false, true) => "matmul_q+add",
+            (false, true, false) => "matmul_q+swiglu",
+            (false, true, true) => "matmul_q+swiglu+add",
+            (true, false, false) => "rms_norm+matmul_q",
+            (true, false, true) => "rms_norm+matmul_q+add",
+            (true, true, false) => "rms_norm+matmul_q+swiglu",
+            (true, true, true) => "rms_norm+matmul_q+swiglu+add",
+        }
+    }
 }
 
 /// One operation as the backends see it. Shapes are already checked and
@@ -70,13 +85,9 @@ pub enum Op {
     Matmul,
     /// `x [.., K] @ wᵀ` for a quantized `w [N, K]`; inputs `[x, w]`, `x`
     /// contiguous from a multiple of 8 elements, `w` the blocks as a flat
-    /// `U32` tensor (see [`crate::QTensor`]), then the norm weight `[K]`
-    /// and the residual (the output's shape, contiguous) where `fusion`
-    /// asks for them.
-    QMatmul {
-        format: QuantFormat,
-        fusion: QFusion,
-    },
+    /// `U32` tensor (see [`crate::QTensor`]). Its fusions with a norm,
+    /// SwiGLU and a residual are a custom op (`Tensor::matmul_q_fused`).
+    QMatmul { format: QuantFormat },
     /// Rows of a quantized matrix with rows of `k` values, decoded; inputs
     /// `[ids, w]`, `ids` contiguous `U32`, `w` the blocks as for `QMatmul`.
     QRows { format: QuantFormat, k: usize },
@@ -113,18 +124,7 @@ impl Op {
             Op::Softmax { log: false } => "softmax",
             Op::Softmax { log: true } => "log_softmax",
             Op::Matmul => "matmul",
-            Op::QMatmul { fusion, .. } => {
-                match (fusion.rms_norm.is_some(), fusion.swiglu, fusion.residual) {
-                    (false, false, false) => "matmul_q",
-                    (false, false, true) => "matmul_q+add",
-                    (false, true, false) => "matmul_q+swiglu",
-                    (false, true, true) => "matmul_q+swiglu+add",
-                    (true, false, false) => "rms_norm+matmul_q",
-                    (true, false, true) => "rms_norm+matmul_q+add",
-                    (true, true, false) => "rms_norm+matmul_q+swiglu",
-                    (true, true, true) => "rms_norm+matmul_q+swiglu+add",
-                }
-            }
+            Op::QMatmul { .. } => "matmul_q",
             Op::QRows { .. } => "embedding_q",
             Op::Cast => "to_dtype",
             Op::Copy => "contiguous",
@@ -150,15 +150,6 @@ impl Op {
         ops.push(Op::Matmul);
         ops.push(Op::QMatmul {
             format: QuantFormat::Q4_0,
-            fusion: QFusion::NONE,
-        });
-        ops.push(Op::QMatmul {
-            format: QuantFormat::Q4_0,
-            fusion: QFusion {
-                rms_norm: Some(1e-6),
-                swiglu: true,
-                residual: true,
-            },
         });
         ops.push(Op::QRows {
             format: QuantFormat::Q4_0,

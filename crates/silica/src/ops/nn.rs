@@ -2,8 +2,8 @@
 //! scaled dot-product attention. Each runs as one kernel, where the same
 //! computation written with elementwise ops and matmuls would launch many.
 
-use crate::dispatch::{check_fused, run};
-use crate::{DType, Device, Error, Op, Result, Tensor};
+use crate::dispatch::run;
+use crate::{DType, Error, Op, Result, Tensor};
 
 /// How rotary embeddings pair up the dimensions of a head.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -321,13 +321,31 @@ impl Tensor {
         let tables_fit = [cos, sin]
             .iter()
             .all(|x| x.shape() == [1, d / 2] && x.dtype() == DType::F32);
-        if let Device::Gpu(g) = self.device()
-            && t == 1
-            && tables_fit
-            && let Some(out) = self.fused_step(g, cache, start, rope, heads, scale)?
-        {
-            return Ok(out);
+        if self.device().is_gpu() && t == 1 && tables_fit {
+            let step = crate::fused::AttentionStep {
+                start,
+                style,
+                heads,
+                scale,
+            };
+            return crate::custom::apply_in_place(&step, &[self, cos, sin], &mut [cache]);
         }
+        self.cached_attention_composed(cache, start, rope, heads, scale)
+    }
+
+    /// [`Tensor::cached_attention`] as rope, a cache update and attention
+    /// (operands already checked).
+    pub(crate) fn cached_attention_composed(
+        &self,
+        cache: &mut Tensor,
+        start: usize,
+        (cos, sin, style): (&Tensor, &Tensor, RopeStyle),
+        heads: usize,
+        scale: f32,
+    ) -> Result<Tensor> {
+        let t = self.shape()[0];
+        let kv2 = cache.shape()[1];
+        let kvh = kv2 / 2;
         let rotated = self.rope_heads(cos, sin, style, heads + kvh)?;
         cache.slice_assign(start, &rotated.narrow(1, heads, kv2)?)?;
         let all = cache.narrow(0, 0, start + t)?;
@@ -337,52 +355,6 @@ impl Tensor {
             causal: true,
         };
         rotated.narrow(1, 0, heads)?.attention(&k, &v, None, opts)
-    }
-
-    /// [`Tensor::cached_attention`] of one new position as the GPU's one
-    /// kernel, when `g` runs it for these operands (checked against the
-    /// CPU in check mode); `None` otherwise, with the cache unchanged.
-    fn fused_step(
-        &self,
-        g: &crate::GpuDevice,
-        cache: &mut Tensor,
-        start: usize,
-        rope: (&Tensor, &Tensor, RopeStyle),
-        heads: usize,
-        scale: f32,
-    ) -> Result<Option<Tensor>> {
-        let name = "cached_attention";
-        let (cos, sin, style) = rope;
-        let reference = if g.check_mode() {
-            let host = Device::Cpu;
-            let mut c = cache.narrow(0, 0, start + 1)?.to_device(&host)?;
-            let tables = (&cos.to_device(&host)?, &sin.to_device(&host)?, style);
-            let att = crate::backend::cpu::exact(|| {
-                self.to_device(&host)?
-                    .cached_attention(&mut c, start, tables, heads, scale)
-            })?;
-            Some((att, c.narrow(0, start, 1)?))
-        } else {
-            None
-        };
-        cache.make_own()?;
-        let Some(out) = g.attention_step(self, cache, start, rope, heads, scale)? else {
-            return Ok(None);
-        };
-        let d = self.shape()[2];
-        let out = Tensor::from_parts(out, &[1, heads, d], self.dtype(), self.device().clone());
-        if let Some((att, row)) = reference {
-            let shapes = vec![self.shape().to_vec(), cache.shape().to_vec()];
-            let like = Op::Attention {
-                scale,
-                causal: true,
-            };
-            check_fused(name, &like, shapes.clone(), &att, &out)?;
-            let rotated = heads + cache.shape()[1] / 2;
-            let like = Op::Rope { style, rotated };
-            check_fused(name, &like, shapes, &row, &cache.narrow(0, start, 1)?)?;
-        }
-        Ok(Some(out))
     }
 
     fn require_rank(&self, op: &'static str, min: usize) -> Result<()> {

@@ -4,7 +4,7 @@ use crate::dispatch::run;
 use crate::{Op, Result, Tensor};
 
 /// Elementwise unary functions. The CPU definition is [`UnaryOp::apply`]; the
-/// GPU kernel is `backend/gpu/unary.wgsl` (same order: the discriminant is the
+/// GPU kernel is `backend/gpu/kernels/unary.wgsl` (same order: the discriminant is the
 /// kernel's `OP` constant).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum UnaryOp {

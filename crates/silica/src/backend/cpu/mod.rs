@@ -27,15 +27,8 @@ const PAR_MIN: usize = 1 << 14;
 
 /// The switch behind [`cpu_int8_activations`]: on unless `SILICA_CPU_INT8`
 /// is `0`, `false` or `off` when it is first read.
-static INT8_ACTIVATIONS: LazyLock<AtomicBool> = LazyLock::new(|| {
-    let off = std::env::var("SILICA_CPU_INT8").is_ok_and(|v| {
-        matches!(
-            v.trim().to_ascii_lowercase().as_str(),
-            "0" | "false" | "off"
-        )
-    });
-    AtomicBool::new(!off)
-});
+static INT8_ACTIVATIONS: LazyLock<AtomicBool> =
+    LazyLock::new(|| AtomicBool::new(crate::config::cpu_int8_from_env()));
 
 thread_local! {
     /// Set while this thread computes a reference (`SILICA_CHECK`): the
@@ -116,12 +109,8 @@ impl Backend for CpuBackend {
             Op::Softmax { log } => reduce::softmax(inputs[0], log, out_dtype),
             Op::Matmul => matmul::matmul(inputs[0], inputs[1], out_shape, out_dtype),
             Op::QRows { format, k } => qmatmul::qrows(format, inputs[0], inputs[1], k, out_dtype)?,
-            Op::QMatmul { format, fusion } if fusion.is_none() => {
+            Op::QMatmul { format } => {
                 qmatmul::qmatmul(format, inputs[0], inputs[1], out_shape, out_dtype)
-            }
-            // the CPU has no fused kernel: the parts one after the other
-            Op::QMatmul { format, fusion } => {
-                host(&crate::qtensor::qmatmul_composed(format, fusion, inputs)?).clone()
             }
             Op::Cast => elementwise::cast(inputs[0], out_dtype),
             Op::Copy => host(inputs[0]).gather(inputs[0].layout()),

@@ -31,7 +31,9 @@ const PANEL: usize = 64;
 const DOT_TASK: usize = 16;
 /// Rows of x from which the integer path multiplies tiles (`qgemm`).
 const GEMM_MIN_M: usize = 8;
-/// Multiply-adds per task of the integer path (at least).
+/// Multiply-adds per task of the integer path (at least): below it, handing
+/// work to another thread costs more than it saves (docs/tuning.md, "CPU
+/// thread-pool thresholds").
 const INT8_TASK_MIN: usize = 1 << 22;
 
 pub fn qmatmul(

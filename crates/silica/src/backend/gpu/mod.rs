@@ -1,20 +1,14 @@
-//! The GPU backend: wgpu devices, batched command encoding, pipelines, and
-//! the WGSL kernels (one `<family>.rs` launcher beside each `<family>.wgsl`).
-//!
-//! Every tensor buffer is bound to kernels as `array<u32>` whatever its
-//! dtype; `common.wgsl` converts elements to and from f32, in which all
-//! kernels compute. 16-bit elements sit two to a word, so a kernel thread
-//! writes whole words (two 16-bit elements) to avoid races between threads.
+//! The GPU backend: [`GpuDevice`] (one opened wgpu adapter: its runtime,
+//! fallback counters and modes, and the op dispatch onto kernels), in parts:
+//! `runtime/` (features, pipelines, submission, transfers, profiling),
+//! `kernels/` (the WGSL kernels and their launchers) and `custom` (the GPU
+//! side of custom ops).
 
-mod context;
-mod copy;
-mod elementwise;
-mod matmul;
-mod nn;
+pub(crate) mod custom;
+mod kernels;
 #[cfg(test)]
 mod pipeline_stats;
-pub(crate) mod qmatmul;
-mod reduce;
+mod runtime;
 #[cfg(test)]
 mod shader_tests;
 
@@ -22,16 +16,20 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+use crate::config::GpuOptions;
 pub use crate::memory::GpuBuffer;
 use crate::memory::MemoryPool;
 use crate::storage::{CpuStorage, Storage};
 use crate::{DType, DeviceInfo, Error, Op, Result, Tensor};
-pub use context::KernelTime;
-pub(crate) use context::{Context, Kernel};
+pub use custom::GpuCall;
+pub(crate) use kernels::qmatmul;
+use kernels::{copy, elementwise, matmul, nn, reduce};
+pub(crate) use runtime::{Context, Kernel};
+pub use runtime::{GpuFeatures, KernelNeeds, KernelTime};
 
 /// A read-back of a range of elements under way.
 pub(crate) struct PendingDownload {
-    bytes: Option<context::PendingBytes>,
+    bytes: Option<runtime::PendingBytes>,
     skip: usize,
     len: usize,
     dtype: DType,
@@ -97,35 +95,29 @@ pub struct FallbackCount {
     pub count: u64,
 }
 
-fn env_flag(name: &str) -> bool {
-    std::env::var(name).is_ok_and(|v| !matches!(v.trim(), "" | "0" | "false"))
-}
-
 impl GpuDevice {
-    pub(crate) fn open(adapter: &wgpu::Adapter, info: DeviceInfo) -> Result<Self> {
-        let ctx = Context::new(adapter, &info)?;
+    pub(crate) fn open(
+        adapter: &wgpu::Adapter,
+        info: DeviceInfo,
+        opts: &GpuOptions,
+    ) -> Result<Self> {
+        let ctx = Context::new(adapter, &info, opts)?;
         // the kernels of a transformer's forward first; those the adapter
         // cannot build are left out
         let kernels = every_kernel()
             .into_iter()
-            .filter(|k| match k.name {
-                "matmul_coop" | "matmul_coop_vec" | "matmul_coop_wide" | "qmatmul_coop"
-                | "flash_coop" => ctx.coop16(),
-                "matmul_coop8" => ctx.coop8(),
-                "attention_step_sg" => ctx.subgroup_width() > 0,
-                _ => true,
-            })
+            .filter(|k| ctx.features().runs(k.needs))
             .collect();
         ctx.parse_in_background(kernels);
         let dev = Self {
             ctx,
             info,
-            strict: AtomicBool::new(env_flag("SILICA_STRICT")),
-            check: AtomicBool::new(env_flag("SILICA_CHECK")),
+            strict: AtomicBool::new(opts.strict),
+            check: AtomicBool::new(opts.check),
             fallbacks: Mutex::new(BTreeMap::new()),
             disabled: Mutex::new(HashSet::new()),
         };
-        if env_flag("SILICA_PROFILE") && !dev.set_profiling(true) {
+        if opts.profile && !dev.set_profiling(true) {
             tracing::warn!(
                 "SILICA_PROFILE: {} has no timestamp queries, nothing will be profiled",
                 dev.info.name
@@ -136,6 +128,12 @@ impl GpuDevice {
 
     pub fn info(&self) -> &DeviceInfo {
         &self.info
+    }
+
+    /// What this device runs with: the adapter's features less those its
+    /// [`GpuOptions`] turned off.
+    pub fn features(&self) -> &GpuFeatures {
+        self.ctx.features()
     }
 
     /// Whether tensor buffers are mapped by the host for uploads and
@@ -163,7 +161,7 @@ impl GpuDevice {
 
     /// See [`crate::Device::build_kernels_only`].
     pub fn build_kernels_only<R>(&self, f: impl FnOnce() -> R) -> R {
-        context::kernels_only(f)
+        runtime::kernels_only(f)
     }
 
     /// Runs `f`, which records GPU work, between two timestamps on the
@@ -233,10 +231,9 @@ impl GpuDevice {
     /// whole instead of each dispatch: the report then has one entry,
     /// `(batches)`, the GPU time from the start of each batch's first
     /// kernel to the end of its last, gaps between kernels included. Marks
-    /// around every kernel cost time of their own (several µs per kernel
-    /// on an H100), so their sum overstates how long a stream of small
-    /// kernels keeps the GPU busy; this is the figure to set beside the
-    /// wall-clock time.
+    /// around every kernel cost GPU time of their own, so their sum
+    /// overstates how long a stream of small kernels keeps the GPU busy;
+    /// this is the figure to set beside the wall-clock time.
     pub fn set_profile_batches(&self, on: bool) {
         self.ctx.set_profile_batches(on);
     }
@@ -304,6 +301,14 @@ impl GpuDevice {
             .insert(name);
     }
 
+    /// Whether [`GpuDevice::disable_kernel_for_testing`] named this op.
+    pub(crate) fn is_disabled(&self, name: &str) -> bool {
+        self.disabled
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(name)
+    }
+
     /// Test hook: run every matmul with the kernel named `name` (`matmul`,
     /// `matmul_big`, `matmul_coop`, `matmul_coop_sg4`, `matmul_coop_vec`,
     /// `matmul_coop_wide`, `gemv`) whatever its shape, so that the parity
@@ -331,37 +336,27 @@ impl GpuDevice {
         self.ctx.destroy();
     }
 
-    /// Counts a CPU fallback and warns the first time; an error in strict mode.
-    pub(crate) fn record_fallback(&self, op: &Op, dtype: DType) -> Result<()> {
+    /// Counts a CPU fallback of the op named `op` and warns the first time;
+    /// an error in strict mode.
+    pub(crate) fn record_fallback(&self, op: &'static str, dtype: DType) -> Result<()> {
         if self.strict.load(Ordering::Relaxed) {
             return Err(Error::FallbackForbidden {
-                op: op.name(),
+                op,
                 dtype,
                 device: self.info.name.clone(),
             });
         }
-        let key = format!("{}/{}", op.name(), dtype);
+        let key = format!("{op}/{dtype}");
         let mut map = self.fallbacks.lock().unwrap_or_else(|e| e.into_inner());
         let count = map.entry(key).or_insert(0);
         if *count == 0 {
             tracing::warn!(
-                "{} ({dtype}) has no kernel on {}: running it on the CPU (SILICA_STRICT=1 makes this an error)",
-                op.name(),
+                "{op} ({dtype}) has no kernel on {}: running it on the CPU (SILICA_STRICT=1 makes this an error)",
                 self.info.name
             );
         }
         *count += 1;
         Ok(())
-    }
-
-    /// Whether one kernel computes the quantized product `op` (an
-    /// `Op::QMatmul`, its fusions included) for `rows` rows of x of `dtype`.
-    pub(crate) fn fuses_qmatmul(&self, op: &Op, dtype: DType, rows: usize) -> bool {
-        let fits = match op {
-            Op::QMatmul { fusion, .. } => qmatmul::fuses(rows, *fusion),
-            _ => false,
-        };
-        fits && self.supports(op, &[dtype])
     }
 
     /// Whether a GPU kernel exists for `op` with inputs of these dtypes.
@@ -373,12 +368,7 @@ impl GpuDevice {
     /// Whether a GPU kernel exists for `op` with inputs of these dtypes
     /// (what `silica devices --ops` prints).
     pub fn supports(&self, op: &Op, dtypes: &[DType]) -> bool {
-        if self
-            .disabled
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains(op.name())
-        {
+        if self.is_disabled(op.name()) {
             return false;
         }
         match op {
@@ -444,10 +434,11 @@ impl GpuDevice {
             Op::QRows { format, k } => {
                 qmatmul::qrows(c, format, inputs[0], inputs[1], k, &out, out_dtype)?
             }
-            Op::QMatmul { format, fusion } => {
+            Op::QMatmul { format } => {
                 // check mode compares with the CPU's exact products
                 let int8 = self.int8_activations() && !self.check_mode();
-                qmatmul::qmatmul(c, format, fusion, int8, inputs, out_shape, &out, out_dtype)?
+                let plain = crate::QFusion::NONE;
+                qmatmul::qmatmul(c, format, plain, int8, inputs, out_shape, &out, out_dtype)?
             }
             Op::RmsNorm { eps } => nn::norm(c, inputs[0], inputs[1], None, eps, &out, out_dtype)?,
             Op::LayerNorm { eps } => nn::norm(
@@ -465,39 +456,6 @@ impl GpuDevice {
             }
         }
         Ok(Storage::Gpu(out))
-    }
-
-    /// The fused decode step of [`Tensor::cached_attention`] (one new
-    /// position: rotary embedding, cache update and attention in one
-    /// kernel), when this device runs it for these operands; `None`
-    /// otherwise, and then nothing was written. The caller checked the
-    /// shapes and dtypes and gave `cache` storage of its own.
-    pub(crate) fn attention_step(
-        &self,
-        qkv: &Tensor,
-        cache: &Tensor,
-        start: usize,
-        rope: (&Tensor, &Tensor, crate::ops::RopeStyle),
-        heads: usize,
-        scale: f32,
-    ) -> Result<Option<Storage>> {
-        let disabled = self
-            .disabled
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains("cached_attention");
-        if disabled || qkv.shape()[0] != 1 || !nn::fuses_step(&self.ctx, qkv, cache, rope.0, rope.1)
-        {
-            return Ok(None);
-        }
-        self.ctx.check_alive()?;
-        let d = qkv.shape()[2];
-        let out = self
-            .ctx
-            .pool
-            .alloc((heads * d * qkv.dtype().size_in_bytes()) as u64)?;
-        nn::attention_step(&self.ctx, qkv, cache, start, rope, heads, scale, &out)?;
-        Ok(Some(Storage::Gpu(out)))
     }
 
     /// Writes the elements of `src` (a tensor on this device, same dtype) in

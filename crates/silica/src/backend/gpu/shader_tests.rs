@@ -2,7 +2,7 @@
 //! must parse, validate and translate with naga to MSL (the Metal path,
 //! which cannot be run here) and to SPIR-V (the Vulkan path).
 
-use super::context::kernel_source;
+use super::runtime::kernel_source;
 use super::{Kernel, copy, elementwise, matmul, nn, qmatmul, reduce};
 use std::borrow::Cow;
 

@@ -1,0 +1,605 @@
+//! Launchers of the quantized matmul kernels: `x @ wᵀ` with `w` in a GGML
+//! block format, decoded inside the kernel (GEMV for few rows of x, tiled
+//! for many).
+
+use super::elementwise::via_f32;
+use super::launch::{buffer, to_u32};
+use super::{Context, Kernel, KernelNeeds};
+use crate::memory::GpuBuffer;
+use crate::quant::QuantFormat;
+use crate::{DType, Error, QFusion, Result, Tensor};
+
+macro_rules! qkernel {
+    ($($file:literal),+) => {
+        concat!(
+            include_str!("shared/common.wgsl"),
+            include_str!("shared/qmatmul_common.wgsl"),
+            include_str!("shared/qmatmul_x4.wgsl"),
+            include_str!("shared/quant_blocks.wgsl"),
+            $(include_str!($file)),+
+        )
+    };
+}
+
+pub(crate) static QGEMV: Kernel = Kernel {
+    name: "qgemv",
+    source: qkernel!(
+        "shared/qgemv_common.wgsl",
+        "shared/lanes.wgsl",
+        "qgemv.wgsl"
+    ),
+    // x, the blocks, the norm weight, the residual (x in place of those
+    // not fused), the blocks again (see qgemv_common.wgsl)
+    inputs: 5,
+    trusted: true,
+    outputs: 1,
+    immediates: true,
+    needs: KernelNeeds::NOTHING,
+};
+
+pub(crate) static QGEMV_I8: Kernel = Kernel {
+    name: "qgemv_i8",
+    source: qkernel!(
+        "shared/qgemv_common.wgsl",
+        "shared/lanes.wgsl",
+        "shared/rows.wgsl",
+        "qgemv_i8.wgsl"
+    ),
+    inputs: 5,
+    trusted: true,
+    outputs: 1,
+    immediates: true,
+    needs: KernelNeeds::NOTHING,
+};
+
+pub(crate) static QMATMUL: Kernel = Kernel {
+    name: "qmatmul",
+    source: qkernel!("shared/store4.wgsl", "qmatmul.wgsl"),
+    inputs: 2,
+    trusted: true,
+    outputs: 1,
+    immediates: true,
+    needs: KernelNeeds::NOTHING,
+};
+
+pub(crate) static QMATMUL_COOP: Kernel = Kernel {
+    name: "qmatmul_coop",
+    source: concat!(
+        "enable f16;\nenable wgpu_cooperative_matrix;\n",
+        include_str!("shared/coop16.wgsl"),
+        include_str!("shared/common.wgsl"),
+        include_str!("shared/qmatmul_common.wgsl"),
+        include_str!("shared/quant_blocks.wgsl"),
+        include_str!("shared/halves8.wgsl"),
+        include_str!("shared/qmatmul_coop.wgsl"),
+        include_str!("coop_tiles.wgsl"),
+        include_str!("shared/coop_frags.wgsl"),
+        include_str!("shared/coop_store.wgsl")
+    ),
+    inputs: 2,
+    trusted: true,
+    outputs: 1,
+    immediates: true,
+    needs: KernelNeeds::COOP16,
+};
+
+/// Rows of f16 x from which the cooperative-matrix kernel takes the product
+/// (its tiles have 128 rows); `qtensor.rs` keeps an f16 prefill in f16 from
+/// here on.
+pub(crate) const COOP_MIN_M: usize = 64;
+
+pub(crate) static QROWS: Kernel = Kernel {
+    name: "qrows",
+    source: concat!(
+        include_str!("shared/common.wgsl"),
+        include_str!("qrows.wgsl"),
+        include_str!("shared/quant_blocks.wgsl")
+    ),
+    inputs: 2,
+    trusted: false,
+    outputs: 1,
+    immediates: true,
+    needs: KernelNeeds::NOTHING,
+};
+
+/// Rows `ids` (contiguous u32) of the quantized matrix `w` with rows of
+/// `k` values, decoded into `out` (`[ids, k]` of `out_dtype`).
+pub(crate) fn qrows(
+    ctx: &Context,
+    format: QuantFormat,
+    ids: &Tensor,
+    w: &Tensor,
+    k: usize,
+    out: &GpuBuffer,
+    out_dtype: DType,
+) -> Result<()> {
+    let row_bytes = format.bytes_for(k);
+    let rows = (w.numel() * 4) / row_bytes.max(1);
+    let threads = ids.numel() * k / 8;
+    let groups = threads.div_ceil(256);
+    let max = ctx.max_groups() as usize;
+    let grid = [groups.min(max), groups.div_ceil(max), 1];
+    if grid[1] > max {
+        return Err(Error::NotSupported {
+            op: "embedding_q",
+            reason: format!("grid {grid:?} exceeds the adapter's workgroup limit"),
+        });
+    }
+    let header = [
+        to_u32(ids.numel(), "ids")?,
+        to_u32(k, "K")?,
+        to_u32(row_bytes, "row bytes")?,
+        to_u32(rows, "rows")?,
+        to_u32(ids.layout().offset(), "offset")?,
+        0,
+        0,
+        0,
+    ];
+    ctx.dispatch(
+        &QROWS,
+        &[
+            ("FMT", format.gpu_code() as f64),
+            ("OUT_DT", out_dtype.gpu_code() as f64),
+        ],
+        bytemuck::cast_slice(&header),
+        &[buffer(ids), buffer(w)],
+        out,
+        [grid[0] as u32, grid[1] as u32, 1],
+    )
+}
+
+/// Rows of x up to which the GEMV kernel is used.
+const GEMV_MAX_M: usize = 8;
+
+/// Weight rows that one set of lanes of the GEMV kernel dots with the
+/// same values of x: as many as the 8 accumulators allow for M rows of x,
+/// but 2 instead of 4 for outputs of up to [`GEMV_FEW_COLUMNS`] columns,
+/// and 1 for one row of x and up to [`GEMV_FEWEST_COLUMNS`].
+fn gemv_rows(m: usize, n: usize) -> usize {
+    match m {
+        1 | 2 if n > GEMV_FEW_COLUMNS => 4,
+        1 if n <= GEMV_FEWEST_COLUMNS => 1,
+        1..=4 => 2,
+        _ => 1,
+    }
+}
+
+/// Output columns up to which a GEMV lane set takes 1 weight row: with
+/// sets of 32 lanes (8 a workgroup) there are at most 128 workgroups then,
+/// fewer than a large GPU has SMs, so spreading the rows over more
+/// workgroups gains more than sharing x between rows; on wider outputs it
+/// loses. Measured with qgemv_i8; the f32 GEMV (devices without 8-bit
+/// activations) follows the same bound unmeasured (docs/tuning.md,
+/// "Decode GEMV rows").
+const GEMV_FEWEST_COLUMNS: usize = 1024;
+
+/// Output columns up to which a GEMV lane set takes 2 weight rows rather
+/// than 4: with 4, outputs this narrow (a 1B model's attention output and
+/// down projections, 2,048 columns, and its q, k, v product, 3,072) make
+/// too few workgroups to keep a large GPU's SMs busy with loads. From
+/// 4,096 columns on, 4 rows win (docs/tuning.md, "Decode GEMV rows").
+const GEMV_FEW_COLUMNS: usize = 3072;
+
+/// Lanes per set of the GEMV kernel: 32, or more when the sets (one per
+/// `rows` weight rows) are too few to keep about half a million threads
+/// busy and each lane still decodes at least 2 parts.
+fn gemv_lanes(n: usize, k: usize, rows: usize) -> usize {
+    let groups = k / 32;
+    let sets = n.div_ceil(rows);
+    let mut lanes = 32;
+    while lanes < 128 && sets * lanes < 1 << 19 && groups * 4 >= lanes * 2 * 2 {
+        lanes *= 2;
+    }
+    lanes
+}
+
+/// Whether the GEMV kernel computes `fusion` for `m` rows of x: up to 8
+/// rows, 4 with SwiGLU (whose lane sets need two weight rows at least).
+pub(crate) fn fuses(m: usize, fusion: QFusion) -> bool {
+    m <= GEMV_MAX_M && (!fusion.swiglu || gemv_rows(m, usize::MAX) >= 2)
+}
+
+/// Output columns of one GEMV lane set dotting `rows` weight rows: all of
+/// them, or half with SwiGLU (gate and up rows of the same columns).
+fn output_columns(rows: usize, fusion: QFusion) -> usize {
+    if fusion.swiglu { rows / 2 } else { rows }
+}
+
+/// `x @ wᵀ` (inputs as for `Op::QMatmul`), with the fusions of the GEMV
+/// kernel; a fusion it cannot do is `NotSupported` (the op layer runs
+/// those as separate ops). `int8`: decode may round x to 8 bits
+/// (qgemv_i8).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn qmatmul(
+    ctx: &Context,
+    format: QuantFormat,
+    fusion: QFusion,
+    int8: bool,
+    inputs: &[&Tensor],
+    out_shape: &[usize],
+    out: &GpuBuffer,
+    out_dtype: DType,
+) -> Result<()> {
+    let (x, w) = (inputs[0], inputs[1]);
+    let k = x.shape().last().copied().unwrap_or(0);
+    let n = out_shape.last().copied().unwrap_or(0);
+    let m = x.numel() / k.max(1);
+    if !k.is_multiple_of(32) || !x.layout().offset().is_multiple_of(8) || !x.is_contiguous() {
+        // the op layer hands over contiguous, aligned x and whole blocks
+        return Err(Error::NotSupported {
+            op: "matmul_q",
+            reason: "x must be contiguous from a multiple of 8 elements".into(),
+        });
+    }
+    if !fusion.is_none() && !fuses(m, fusion) {
+        return Err(Error::NotSupported {
+            op: "matmul_q",
+            reason: format!("no kernel fuses {fusion:?} for {m} rows"),
+        });
+    }
+    let row_bytes = format.bytes_for(k);
+    let max = ctx.max_groups() as usize;
+    let (kernel, grid, gemv) = if m <= GEMV_MAX_M {
+        // qgemv_i8 where the device allows 8-bit activations, else the f32
+        // kernel. Both take 4 weight rows per lane set, 2 for outputs of up
+        // to 3,072 columns, 1 up to 1,024 (see gemv_rows); SwiGLU keeps 4.
+        // qgemv_i8 takes at most 2 for Q6_K, and for Q4_K/Q5_K in SwiGLU
+        // and in short rows (see integer_rows). 2 rows at 4,096 columns and
+        // 4 at 2,048 both lose (docs/tuning.md, "Decode GEMV rows").
+        let x_blocks = integer_gemv(ctx, int8, format, m, k);
+        let mut rows = gemv_rows(m, if fusion.swiglu { usize::MAX } else { n });
+        if x_blocks.is_some() {
+            rows = integer_rows(format, rows, fusion.swiglu, k);
+        }
+        let oc = output_columns(rows, fusion);
+        let lanes = match x_blocks {
+            Some(_) => I8_LANES,
+            None => gemv_lanes(n, k, oc),
+        };
+        let groups = n.div_ceil(256 / lanes * oc);
+        let depth = match x_blocks {
+            Some(_) => integer_depth(format, groups),
+            None => 1,
+        };
+        let gemv = Gemv {
+            m,
+            rows,
+            lanes,
+            fusion,
+            residual: x.dtype(),
+            x_blocks,
+            depth,
+        };
+        let kernel = if x_blocks.is_some() {
+            &QGEMV_I8
+        } else {
+            &QGEMV
+        };
+        (
+            kernel,
+            [groups.min(max), groups.div_ceil(max), 1],
+            Some(gemv),
+        )
+    } else if m >= COOP_MIN_M && x.dtype() == DType::F16 && super::matmul::coop_tiles(ctx) {
+        (&QMATMUL_COOP, [n.div_ceil(128), m.div_ceil(128), 1], None)
+    } else {
+        (&QMATMUL, [n.div_ceil(64), m.div_ceil(64), 1], None)
+    };
+    if grid.iter().any(|&g| g > max) {
+        return Err(Error::NotSupported {
+            op: "matmul_q",
+            reason: format!("grid {grid:?} exceeds the adapter's workgroup limit"),
+        });
+    }
+    let mut next = 2;
+    let mut fused = |on: bool| {
+        let t = on.then(|| inputs[next]);
+        next += on as usize;
+        t
+    };
+    let g = fused(fusion.rms_norm.is_some());
+    let r = fused(fusion.residual);
+    let header = [
+        to_u32(m, "M")?,
+        to_u32(n, "N")?,
+        to_u32(k, "K")?,
+        to_u32(row_bytes, "row bytes")?,
+        to_u32(x.layout().offset(), "offset")?,
+        fusion.rms_norm.unwrap_or(0.0).to_bits(),
+        to_u32(g.map_or(0, |g| g.layout().offset()), "offset")?,
+        to_u32(r.map_or(0, |r| r.layout().offset()), "offset")?,
+    ];
+    let bytes: &[u8] = bytemuck::cast_slice(&header);
+    let srcs = match gemv {
+        Some(_) => vec![
+            buffer(x),
+            buffer(w),
+            buffer(g.unwrap_or(x)),
+            buffer(r.unwrap_or(x)),
+            buffer(w),
+        ],
+        None => vec![buffer(x), buffer(w)],
+    };
+    via_f32(ctx, out_shape, out, out_dtype, |dst, dt| {
+        ctx.dispatch(
+            kernel,
+            &constants(format, x.dtype(), dt, gemv),
+            bytes,
+            &srcs,
+            dst,
+            [grid[0] as u32, grid[1] as u32, grid[2] as u32],
+        )
+    })
+}
+
+/// The GEMV kernel's specialization: rows of x, lanes per weight row,
+/// fusions and the residual's dtype.
+#[derive(Clone, Copy)]
+struct Gemv {
+    m: usize,
+    rows: usize,
+    lanes: usize,
+    fusion: QFusion,
+    residual: DType,
+    /// qgemv_i8's blocks of x in workgroup memory (`XB`).
+    x_blocks: Option<usize>,
+    /// qgemv_i8's units of each weight row in flight per lane (`DEPTH`,
+    /// see [`integer_depth`]).
+    depth: usize,
+}
+
+/// The formats qgemv_i8 multiplies: those whose values are whole bytes or
+/// nibbles (Q5_K's and Q6_K's with their high bits joined to them) under
+/// a scale (and minimum) per group of 32 or 16.
+pub(crate) fn integer_format(format: QuantFormat) -> bool {
+    matches!(
+        format,
+        QuantFormat::Q8_0
+            | QuantFormat::Q4_0
+            | QuantFormat::Q4_1
+            | QuantFormat::Q4_K
+            | QuantFormat::Q5_K
+            | QuantFormat::Q6_K
+    )
+}
+
+/// Weight rows per lane set of qgemv_i8 for `format`, where the f32 GEMV
+/// would take `rows`: at most 2 for Q6_K, whose lanes hold 22 words of
+/// each row's next unit besides the current one's (with 4 rows those
+/// spill out of registers). Q4_K and Q5_K take 2 in their SwiGLU products
+/// (gate and up rows of the same columns) and in rows of up to
+/// [`I8_SHORT_K`] values, where 2 are faster; their other products keep 4,
+/// as the simple formats do everywhere: there 2 rows are slower. Q5_K
+/// follows Q4_K without a model of its own measured. 8 rows (the most the
+/// accumulators hold) gain in too few products to be worth a rule
+/// (docs/tuning.md, "8-bit GEMV rows by format").
+fn integer_rows(format: QuantFormat, rows: usize, swiglu: bool, k: usize) -> usize {
+    match format {
+        QuantFormat::Q6_K => rows.min(2),
+        QuantFormat::Q4_K | QuantFormat::Q5_K if swiglu || k <= I8_SHORT_K => rows.min(2),
+        _ => rows,
+    }
+}
+
+/// Values a weight row holds up to which qgemv_i8's Q4_K/Q5_K lanes take
+/// 2 rows in every product (see [`integer_rows`]). A lane then does at
+/// most 2 units of each row (with 32 lanes a row); with 4 rows it would
+/// hold 4 rows' units of 48 or 80 bytes twice (the current and the next),
+/// which presumably keeps fewer workgroups on an SM (not profiled). On
+/// longer rows (the down products) 4 rows are faster again, and the
+/// simple formats are slower with 2 even on short rows (docs/tuning.md,
+/// "8-bit GEMV short rows").
+const I8_SHORT_K: usize = 4096;
+
+/// qgemv_i8's two sizes of x's buffer (`XB`, see [`integer_gemv`]), each
+/// with the longest row it takes that still counts as short for
+/// [`integer_rows`]: the specializations the shader test builds.
+#[cfg(test)]
+const I8_BUFFERS: [(usize, usize); 2] = [(128, I8_SHORT_K), (512, usize::MAX)];
+
+/// Units of each weight row that a lane of qgemv_i8 has in flight while it
+/// works on one (`DEPTH`): 2 for the formats of 32-value blocks (Q4_0,
+/// Q4_1, Q8_0) in products of at most [`I8_DEEP_GROUPS`] workgroups, 1
+/// otherwise. Few workgroups leave each SM few weight loads in flight
+/// with one unit ahead; a second buffer doubles them. Where the workgroups
+/// are many (the LM heads, a 7B model's up products), the second buffer's
+/// registers cost occupancy instead, and the K formats, whose units are
+/// larger, are slower with it even on few workgroups (docs/tuning.md,
+/// "Decode GEMV depth").
+fn integer_depth(format: QuantFormat, groups: usize) -> usize {
+    let simple = matches!(
+        format,
+        QuantFormat::Q4_0 | QuantFormat::Q4_1 | QuantFormat::Q8_0
+    );
+    if simple && groups <= I8_DEEP_GROUPS {
+        2
+    } else {
+        1
+    }
+}
+
+/// Workgroups up to which qgemv_i8 keeps two units in flight (see
+/// [`integer_depth`]): about 1.5 an SM of a 132-SM GPU, enough for the
+/// 4,096-row products of a 7B model and the 2,048- and 3,072-row ones of
+/// a 1B model, but not for the 256 of the 1B up product, which is slower
+/// with two (docs/tuning.md, "Decode GEMV depth").
+/// tests/quant.rs checks both sides of the bound (2,050 rows, 129
+/// workgroups; 6,200 rows, 194): a new bound needs shapes on both sides.
+const I8_DEEP_GROUPS: usize = 192;
+
+/// Lanes per weight row of qgemv_i8 (each takes whole blocks).
+const I8_LANES: usize = 32;
+
+/// Workgroup memory of qgemv_i8 besides x's blocks: the final sums
+/// (8 x 256 f32), the norm's 8 factors and the sum of squares' slots
+/// (rows.wgsl).
+const I8_FIXED_BYTES: usize = 8 * 256 * 4 + 32 + 256 * 4;
+
+/// Workgroup memory per block of x in qgemv_i8: 32 quants, scale and sum.
+const I8_BLOCK_BYTES: usize = 32 + 8;
+
+/// The blocks of x that qgemv_i8 holds for a product of `m` rows of x with
+/// rows of `k` values in `format`, or `None` where the f32 GEMV takes it:
+/// the device allows 8-bit activations (`int8`, see
+/// `GpuDevice::int8_activations`), one row of x (decode), a format of `integer_format`, and x's blocks fit
+/// the workgroup memory. Two sizes of the buffer (128 and 512 blocks: K up
+/// to 4,096 and to 16,384), so that the small one leaves room for more
+/// workgroups and few pipelines are built.
+fn integer_gemv(
+    ctx: &Context,
+    int8: bool,
+    format: QuantFormat,
+    m: usize,
+    k: usize,
+) -> Option<usize> {
+    if !int8 || m != 1 || !integer_format(format) {
+        return None;
+    }
+    let blocks = k / 32;
+    let xb = if blocks <= 128 { 128 } else { 512 };
+    let bytes = I8_FIXED_BYTES + xb * I8_BLOCK_BYTES;
+    (blocks <= xb && bytes <= ctx.workgroup_memory() as usize).then_some(xb)
+}
+
+fn constants(
+    format: QuantFormat,
+    input: DType,
+    out: DType,
+    gemv: Option<Gemv>,
+) -> Vec<(&'static str, f64)> {
+    // room for every constant, so that a dispatch allocates once
+    let mut c = Vec::with_capacity(12);
+    c.extend([
+        ("FMT", format.gpu_code() as f64),
+        ("IN_DT", input.gpu_code() as f64),
+        ("OUT_DT", out.gpu_code() as f64),
+    ]);
+    if let Some(g) = gemv {
+        let rows = g.rows;
+        let flag = |on: bool| if on { 1.0 } else { 0.0 };
+        c.extend([
+            ("M", g.m as f64),
+            ("LANES", g.lanes as f64),
+            ("R", rows as f64),
+            ("OC", output_columns(rows, g.fusion) as f64),
+            ("NORM", flag(g.fusion.rms_norm.is_some())),
+            ("SWIGLU", flag(g.fusion.swiglu)),
+            ("RESIDUAL", flag(g.fusion.residual)),
+            ("RES_DT", g.residual.gpu_code() as f64),
+        ]);
+        if let Some(xb) = g.x_blocks {
+            c.extend([("XB", xb as f64), ("DEPTH", g.depth as f64)]);
+        }
+    }
+    c
+}
+
+#[cfg(test)]
+pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)>)> {
+    let mut out = Vec::new();
+    for format in QuantFormat::ALL {
+        for o in [DType::F32, DType::F16, DType::BF16] {
+            let c = vec![
+                ("FMT", format.gpu_code() as f64),
+                ("OUT_DT", o.gpu_code() as f64),
+            ];
+            out.push((&QROWS, c));
+        }
+        for dt in [DType::F32, DType::F16, DType::BF16] {
+            let outs = if dt == DType::F32 {
+                vec![dt]
+            } else {
+                vec![dt, DType::F32]
+            };
+            for o in outs {
+                let gemv = |m, rows, lanes, fusion| {
+                    let g = Gemv {
+                        m,
+                        rows,
+                        lanes,
+                        fusion,
+                        residual: dt,
+                        x_blocks: None,
+                        depth: 1,
+                    };
+                    (&QGEMV, constants(format, dt, o, Some(g)))
+                };
+                // qgemv_i8 with each depth its format takes
+                let integer = |rows, fusion, xb| {
+                    let depths = 1..=integer_depth(format, 0);
+                    depths.map(move |depth| {
+                        let g = Gemv {
+                            m: 1,
+                            rows,
+                            lanes: I8_LANES,
+                            fusion,
+                            residual: dt,
+                            x_blocks: Some(xb),
+                            depth,
+                        };
+                        (&QGEMV_I8, constants(format, dt, o, Some(g)))
+                    })
+                };
+                let rows = |m| gemv_rows(m, usize::MAX);
+                out.push((&QMATMUL, constants(format, dt, o, None)));
+                if dt == DType::F16 {
+                    out.push((&QMATMUL_COOP, constants(format, dt, o, None)));
+                }
+                for m in 1..=GEMV_MAX_M {
+                    out.push(gemv(m, rows(m), 32, QFusion::NONE));
+                }
+                for lanes in [64, 128] {
+                    out.push(gemv(1, rows(1), lanes, QFusion::NONE));
+                }
+                // two weight rows per lane set at M = 1 (few output columns),
+                // and one (fewer)
+                out.push(gemv(1, gemv_rows(1, GEMV_FEW_COLUMNS), 128, QFusion::NONE));
+                out.push(gemv(
+                    1,
+                    gemv_rows(1, GEMV_FEWEST_COLUMNS),
+                    32,
+                    QFusion::NONE,
+                ));
+                // every fusion at decode (one row, four weight rows per
+                // lane set) and SwiGLU with two weight rows per lane set
+                let bits = match format {
+                    QuantFormat::Q4_0 | QuantFormat::Q4_K | QuantFormat::Q6_K => 1..8u32,
+                    _ => 0..0,
+                };
+                if integer_format(format) {
+                    for (xb, k) in I8_BUFFERS {
+                        out.extend(integer(
+                            integer_rows(format, rows(1), false, k),
+                            QFusion::NONE,
+                            xb,
+                        ));
+                        out.extend(integer(gemv_rows(1, GEMV_FEW_COLUMNS), QFusion::NONE, xb));
+                        out.extend(integer(
+                            gemv_rows(1, GEMV_FEWEST_COLUMNS),
+                            QFusion::NONE,
+                            xb,
+                        ));
+                    }
+                }
+                for bits in bits {
+                    let fusion = QFusion {
+                        rms_norm: (bits & 1 != 0).then_some(1e-5),
+                        swiglu: bits & 2 != 0,
+                        residual: bits & 4 != 0,
+                    };
+                    out.push(gemv(1, rows(1), 32, fusion));
+                    if integer_format(format) {
+                        for (xb, k) in I8_BUFFERS {
+                            let rows = integer_rows(format, rows(1), fusion.swiglu, k);
+                            out.extend(integer(rows, fusion, xb));
+                        }
+                    }
+                    if fusion.swiglu {
+                        out.push(gemv(3, rows(3), 32, fusion));
+                    }
+                }
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,290 @@
+//! What every GPU kernel launch needs, in parts: the device's features
+//! (`features`), kernels and their pipeline cache (`pipelines`), the
+//! batch that dispatches are recorded into and its submission
+//! (`submission`), uploads and read-backs (`transfers`) and timestamp
+//! profiling (`profiling`). [`Context`] ties them to one wgpu device, with
+//! its device-lost and error state.
+
+mod features;
+mod pipelines;
+mod profiling;
+mod submission;
+mod transfers;
+
+use hashbrown::HashMap;
+use std::collections::BTreeMap;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+use crate::config::GpuOptions;
+use crate::memory::MemoryPool;
+use crate::{DeviceInfo, Error, Result};
+
+pub use features::{GpuFeatures, KernelNeeds};
+pub(crate) use pipelines::Kernel;
+#[cfg(test)]
+pub(crate) use pipelines::kernel_source;
+pub use profiling::KernelTime;
+pub(crate) use submission::kernels_only;
+pub(crate) use transfers::PendingBytes;
+
+use pipelines::{LayoutKey, ModuleMap, PipelineKey};
+use profiling::{ProfileMap, Timing};
+use submission::{Pending, building_only};
+
+/// Threads per workgroup of the one-dimensional kernels.
+pub(crate) const WG: u32 = 256;
+
+pub(crate) struct Context {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub pool: Arc<MemoryPool>,
+    name: String,
+    /// What the device runs with, fixed at open.
+    features: GpuFeatures,
+    /// Test hook: the matmul kernel to use whatever the shape.
+    pub forced_matmul: Mutex<Option<&'static str>>,
+    /// Decode GEMVs of Q8_0, Q4_0, Q4_1 and Q4_K weights may round x to 8 bits
+    /// and take integer dot products (qgemv_i8.wgsl): see
+    /// `GpuDevice::int8_activations`.
+    pub integer_gemv: AtomicBool,
+    max_groups: u32,
+    workgroup_memory: u32,
+    /// Shader modules by kernel and immediates; shared with the thread that
+    /// parses them at device open (see [`Context::parse_in_background`]).
+    modules: Arc<Mutex<ModuleMap>>,
+    pipelines: Mutex<HashMap<PipelineKey, wgpu::ComputePipeline>>,
+    layouts: Mutex<HashMap<LayoutKey, (wgpu::BindGroupLayout, wgpu::PipelineLayout)>>,
+    pending: Mutex<Pending>,
+    lost: Arc<Mutex<Option<String>>>,
+    error: Arc<Mutex<Option<String>>>,
+    /// Profiling mode is on (only ever set where `timing` is not `None`).
+    profiling: AtomicBool,
+    timing: Timing,
+    /// Test hook: time with a compute pass per dispatch even where
+    /// timestamps inside passes are available.
+    per_pass: AtomicBool,
+    /// Profiling mode times whole batches instead of dispatches.
+    per_batch: AtomicBool,
+    /// The profiling query set: two timestamps per dispatch of a batch.
+    queries: OnceLock<wgpu::QuerySet>,
+    profile: Mutex<ProfileMap>,
+}
+
+/// Locks a mutex whose data stays valid even if a holder panicked.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Context {
+    pub fn new(adapter: &wgpu::Adapter, info: &DeviceInfo, opts: &GpuOptions) -> Result<Self> {
+        let features = GpuFeatures::probe(adapter, opts);
+        let mut wanted = wgpu::Features::SHADER_F16
+            | wgpu::Features::SUBGROUP
+            | wgpu::Features::TIMESTAMP_QUERY
+            | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
+        let coop = features.coop16 || features.coop8;
+        if coop {
+            wanted |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+        }
+        if features.mapped_buffers {
+            wanted |= wgpu::Features::MAPPABLE_PRIMARY_BUFFERS;
+        }
+        if features.immediate_bytes > 0 {
+            wanted |= wgpu::Features::IMMEDIATES;
+        }
+        let mut limits = adapter.limits();
+        limits.max_immediate_size = features.immediate_bytes;
+        let desc = wgpu::DeviceDescriptor {
+            label: Some("silica"),
+            required_features: adapter.features() & wanted,
+            required_limits: limits,
+            memory_hints: wgpu::MemoryHints::Performance,
+            // SAFETY: the one experimental feature asked for is cooperative
+            // matrices, used only by the cooperative-matrix kernels, whose
+            // shader test validates them with naga and
+            // whose results the parity suite compares with the CPU on every
+            // adapter that runs them.
+            experimental_features: if coop {
+                unsafe { wgpu::ExperimentalFeatures::enabled() }
+            } else {
+                wgpu::ExperimentalFeatures::disabled()
+            },
+            ..Default::default()
+        };
+        let (device, queue) =
+            pollster::block_on(adapter.request_device(&desc)).map_err(|e| Error::Gpu {
+                device: info.name.clone(),
+                msg: format!("could not open the device: {e}"),
+            })?;
+        let lost = Arc::new(Mutex::new(None));
+        let error = Arc::new(Mutex::new(None));
+        {
+            let lost = lost.clone();
+            device.set_device_lost_callback(move |reason, msg| {
+                *lock(&lost) = Some(format!("{reason:?}: {msg}"));
+            });
+            let error = error.clone();
+            device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+                lock(&error).get_or_insert_with(|| e.to_string());
+            }));
+        }
+        let enabled = device.features();
+        let timing = if !enabled.contains(wgpu::Features::TIMESTAMP_QUERY) {
+            Timing::None
+        } else if enabled.contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES) {
+            Timing::InsidePass
+        } else {
+            Timing::PerPass
+        };
+        let limits = device.limits();
+        let pool = Arc::new(MemoryPool::new(
+            device.clone(),
+            info.name.clone(),
+            limits
+                .max_storage_buffer_binding_size
+                .min(limits.max_buffer_size),
+            features.mapped_buffers,
+        ));
+        Ok(Self {
+            device,
+            queue,
+            pool,
+            name: info.name.clone(),
+            forced_matmul: Mutex::new(None),
+            integer_gemv: AtomicBool::new(opts.integer_gemv.unwrap_or(features.integer_dots)),
+            max_groups: limits.max_compute_workgroups_per_dimension,
+            workgroup_memory: limits.max_compute_workgroup_storage_size,
+            modules: Arc::new(Mutex::new(HashMap::new())),
+            pipelines: Mutex::new(HashMap::new()),
+            layouts: Mutex::new(HashMap::new()),
+            pending: Mutex::new(Pending {
+                pass: None,
+                encoder: None,
+                slab: None,
+                full_slabs: Vec::new(),
+                slot: 0,
+                dispatches: 0,
+                timed: Vec::new(),
+            }),
+            lost,
+            error,
+            profiling: AtomicBool::new(false),
+            timing,
+            per_pass: AtomicBool::new(false),
+            per_batch: AtomicBool::new(false),
+            queries: OnceLock::new(),
+            profile: Mutex::new(BTreeMap::new()),
+            features,
+        })
+    }
+
+    /// Destroys the wgpu device, as a driver reset would (test hook).
+    pub fn destroy(&self) {
+        self.device.destroy();
+        lock(&self.lost).get_or_insert_with(|| "destroyed".to_string());
+    }
+
+    pub fn lost_reason(&self) -> Option<String> {
+        lock(&self.lost).clone()
+    }
+
+    pub fn check_alive(&self) -> Result<()> {
+        match self.lost_reason() {
+            Some(reason) => Err(Error::DeviceLost {
+                device: self.name.clone(),
+                reason,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Fails in [`kernels_only`], where tensors hold no values to read.
+    fn check_readable(&self) -> Result<()> {
+        if building_only() {
+            return Err(Error::InvalidArgument {
+                op: "read",
+                msg: format!(
+                    "a tensor on {} was read while only its kernels were being built",
+                    self.name
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Turns a wgpu error reported since the last check into an `Error`.
+    fn take_error(&self) -> Result<()> {
+        self.check_alive()?;
+        match lock(&self.error).take() {
+            Some(msg) => Err(Error::Gpu {
+                device: self.name.clone(),
+                msg,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    fn gpu_err(&self, msg: impl std::fmt::Display) -> Error {
+        match self.lost_reason() {
+            Some(reason) => Error::DeviceLost {
+                device: self.name.clone(),
+                reason,
+            },
+            None => Error::Gpu {
+                device: self.name.clone(),
+                msg: msg.to_string(),
+            },
+        }
+    }
+
+    /// Workgroup counts for `groups` workgroups, split over x and y when
+    /// one dimension is not enough. Kernels rebuild the linear index as
+    /// `wid.y * num_workgroups.x + wid.x`.
+    pub fn grid(&self, groups: u32) -> [u32; 3] {
+        if groups <= self.max_groups {
+            [groups.max(1), 1, 1]
+        } else {
+            let x = self.max_groups;
+            [x, groups.div_ceil(x), 1]
+        }
+    }
+
+    /// Workgroups for one thread per item, `WG` threads per workgroup.
+    pub fn grid_for_threads(&self, threads: usize) -> Result<[u32; 3]> {
+        let groups =
+            u32::try_from(threads.div_ceil(WG as usize)).map_err(|_| Error::NotSupported {
+                op: "dispatch",
+                reason: format!("{threads} threads exceed one dispatch"),
+            })?;
+        Ok(self.grid(groups))
+    }
+
+    /// What the device runs with.
+    pub fn features(&self) -> &GpuFeatures {
+        &self.features
+    }
+
+    pub fn coop16(&self) -> bool {
+        self.features.coop16
+    }
+
+    pub fn coop8(&self) -> bool {
+        self.features.coop8
+    }
+
+    /// The subgroup width that the kernels' subgroup forms run with, 0
+    /// where they keep their workgroup-memory trees (see `subgroup_width`).
+    pub(crate) fn subgroup_width(&self) -> u32 {
+        self.features.subgroup_width
+    }
+
+    /// Bytes of workgroup memory a kernel may use.
+    pub fn workgroup_memory(&self) -> u32 {
+        self.workgroup_memory
+    }
+
+    pub fn max_groups(&self) -> u32 {
+        self.max_groups
+    }
+}

@@ -1,0 +1,209 @@
+//! The library's settings: every `SILICA_*` environment variable it honours
+//! is read here, once per process, into [`GpuOptions`] and a few
+//! process-wide values; code can set the same things without the
+//! environment (`Device::gpu_with_options`, `GpuDevice::set_strict`,
+//! [`crate::set_cpu_int8_activations`]). `docs/environment.md` lists them.
+
+use std::sync::OnceLock;
+
+/// Dispatches recorded before the pending batch is submitted without
+/// waiting: enough that the GPU starts on a long run of ops while the host
+/// still records the rest, few enough that a decode step fits in one batch
+/// (docs/tuning.md, "Submission batch size").
+pub const DEFAULT_SUBMIT_EVERY: u32 = 256;
+
+/// Most dispatches in one submitted batch (the profiling query set holds
+/// two timestamps for each).
+pub const MAX_SUBMIT_EVERY: u32 = 1024;
+
+/// How a GPU device is opened. [`GpuOptions::from_env`] gives the
+/// process's settings (what `Device::gpu` uses); [`Default`] gives every
+/// feature the adapter offers, whatever the environment says.
+///
+/// The switches only take features away or override a default chosen by
+/// adapter: a feature the adapter lacks stays off.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GpuOptions {
+    /// Cooperative-matrix (tensor-core) kernels where the adapter has them.
+    /// `SILICA_NO_COOP=1` turns them off.
+    pub cooperative_matrix: bool,
+    /// Reductions through subgroup operations where the adapter has them.
+    /// `SILICA_NO_SUBGROUPS=1` keeps them in workgroup memory.
+    pub subgroups: bool,
+    /// Kernel parameters as immediate data (push constants) where they fit.
+    /// `SILICA_NO_IMMEDIATES=1` puts them in uniform buffers.
+    pub immediates: bool,
+    /// Host-mapped tensor buffers on unified-memory adapters (no staging
+    /// copies). `SILICA_NO_MAPPED=1` turns it off.
+    pub mapped_buffers: bool,
+    /// Whether decode's quantized products round x to 8 bits and take
+    /// integer dot products: `None` decides by adapter (on through Vulkan
+    /// on hardware GPUs), `Some` forces it. `SILICA_INTEGER_GEMV=1` or `0`.
+    pub integer_gemv: Option<bool>,
+    /// Dispatches recorded before a batch is submitted, 1 to
+    /// [`MAX_SUBMIT_EVERY`]. `SILICA_SUBMIT_EVERY=N`.
+    pub submit_every: u32,
+    /// A missing kernel is an error instead of a CPU fallback.
+    /// `SILICA_STRICT=1`.
+    pub strict: bool,
+    /// Every GPU op is also run on the CPU and compared. `SILICA_CHECK=1`.
+    pub check: bool,
+    /// Every dispatch is timed from the start. `SILICA_PROFILE=1`.
+    pub profile: bool,
+}
+
+impl Default for GpuOptions {
+    fn default() -> Self {
+        Self {
+            cooperative_matrix: true,
+            subgroups: true,
+            immediates: true,
+            mapped_buffers: true,
+            integer_gemv: None,
+            submit_every: DEFAULT_SUBMIT_EVERY,
+            strict: false,
+            check: false,
+            profile: false,
+        }
+    }
+}
+
+impl GpuOptions {
+    /// The options the environment sets, read once per process.
+    pub fn from_env() -> GpuOptions {
+        static ENV: OnceLock<GpuOptions> = OnceLock::new();
+        ENV.get_or_init(|| Self::read(|name| std::env::var(name).ok()))
+            .clone()
+    }
+
+    /// The options set by the variables `get` returns.
+    fn read(get: impl Fn(&str) -> Option<String>) -> GpuOptions {
+        let on = |name: &str| get(name).is_some_and(|v| flag(&v));
+        let d = GpuOptions::default();
+        GpuOptions {
+            cooperative_matrix: !on("SILICA_NO_COOP"),
+            subgroups: !on("SILICA_NO_SUBGROUPS"),
+            immediates: !on("SILICA_NO_IMMEDIATES"),
+            mapped_buffers: !on("SILICA_NO_MAPPED"),
+            integer_gemv: get("SILICA_INTEGER_GEMV")
+                .filter(|v| !v.trim().is_empty())
+                .map(|v| flag(&v)),
+            submit_every: get("SILICA_SUBMIT_EVERY")
+                .and_then(|v| v.trim().parse::<u32>().ok())
+                .unwrap_or(d.submit_every)
+                .clamp(1, MAX_SUBMIT_EVERY),
+            strict: on("SILICA_STRICT"),
+            check: on("SILICA_CHECK"),
+            profile: on("SILICA_PROFILE"),
+        }
+    }
+}
+
+/// Whether a variable's value means "on": anything but empty, `0`,
+/// `false` and `off`.
+fn flag(v: &str) -> bool {
+    !matches!(
+        v.trim().to_ascii_lowercase().as_str(),
+        "" | "0" | "false" | "off"
+    )
+}
+
+/// `SILICA_DEVICE`, when set and not blank: the default device's selector.
+pub fn device_selector() -> Option<String> {
+    std::env::var("SILICA_DEVICE")
+        .ok()
+        .filter(|s| !s.trim().is_empty())
+}
+
+/// Whether the CPU starts with 8-bit activations (see
+/// [`crate::cpu_int8_activations`]): unless `SILICA_CPU_INT8` is off.
+pub(crate) fn cpu_int8_from_env() -> bool {
+    std::env::var("SILICA_CPU_INT8").map_or(true, |v| flag(&v) || v.trim().is_empty())
+}
+
+/// Whether adapter discovery includes OpenGL: only when asked for, by
+/// `WGPU_BACKEND` naming it or `SILICA_DEVICE` selecting it, because
+/// probing Mesa's GL driver without a display prints errors, and GL
+/// adapters lack the f16 and subgroups the fast kernels need.
+pub(crate) fn probe_gl() -> bool {
+    let wgpu_gl = std::env::var("WGPU_BACKEND").is_ok_and(|v| {
+        v.split(',').any(|b| {
+            matches!(
+                b.trim().to_ascii_lowercase().as_str(),
+                "gl" | "gles" | "opengl"
+            )
+        })
+    });
+    let selected = device_selector().is_some_and(|s| {
+        matches!(
+            s.trim().to_ascii_lowercase().as_str(),
+            "gl" | "gles" | "opengl"
+        )
+    });
+    wgpu_gl || selected
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options(vars: &[(&str, &str)]) -> GpuOptions {
+        GpuOptions::read(|name| {
+            vars.iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| v.to_string())
+        })
+    }
+
+    #[test]
+    fn no_variables_give_the_defaults() {
+        assert_eq!(options(&[]), GpuOptions::default());
+    }
+
+    #[test]
+    fn each_variable_sets_its_field() {
+        let o = options(&[
+            ("SILICA_NO_COOP", "1"),
+            ("SILICA_NO_SUBGROUPS", "true"),
+            ("SILICA_NO_IMMEDIATES", "1"),
+            ("SILICA_NO_MAPPED", "yes"),
+            ("SILICA_INTEGER_GEMV", "0"),
+            ("SILICA_SUBMIT_EVERY", " 32 "),
+            ("SILICA_STRICT", "1"),
+            ("SILICA_CHECK", "on"),
+            ("SILICA_PROFILE", "1"),
+        ]);
+        let want = GpuOptions {
+            cooperative_matrix: false,
+            subgroups: false,
+            immediates: false,
+            mapped_buffers: false,
+            integer_gemv: Some(false),
+            submit_every: 32,
+            strict: true,
+            check: true,
+            profile: true,
+        };
+        assert_eq!(o, want);
+        assert_eq!(
+            options(&[("SILICA_INTEGER_GEMV", "1")]).integer_gemv,
+            Some(true)
+        );
+    }
+
+    #[test]
+    fn off_values_and_bad_numbers_keep_the_defaults() {
+        let o = options(&[
+            ("SILICA_NO_COOP", "0"),
+            ("SILICA_NO_SUBGROUPS", "false"),
+            ("SILICA_NO_MAPPED", "OFF"),
+            ("SILICA_INTEGER_GEMV", " "),
+            ("SILICA_SUBMIT_EVERY", "many"),
+            ("SILICA_CHECK", ""),
+        ]);
+        assert_eq!(o, GpuOptions::default());
+        let clamp = |v: &str| options(&[("SILICA_SUBMIT_EVERY", v)]).submit_every;
+        assert_eq!(clamp("0"), 1);
+        assert_eq!(clamp("100000"), MAX_SUBMIT_EVERY);
+    }
+}
