@@ -131,6 +131,26 @@ def gguf_models(rng):
     qwen += [("qwen2.rope.scaling.type", STR, "linear"),
              ("qwen2.rope.scaling.factor", F32, 4.0)]
     seeds["qwen2_scaling"] = gguf(qwen, small[2:])
+    # Qwen3: heads of their own size (key_length) and YaRN scaling
+    qwen3 = [(k.replace("llama", "qwen3"), t, "qwen3" if v == "llama" else v)
+             for k, t, v in LLAMA_META if not k.endswith("dimension_count")]
+    qwen3 += [("qwen3.attention.key_length", U32, 32),
+              ("qwen3.attention.value_length", U32, 32),
+              ("qwen3.rope.scaling.type", STR, "yarn"),
+              ("qwen3.rope.scaling.factor", F32, 4.0),
+              ("qwen3.rope.scaling.original_context_length", U32, 32)]
+    norms = [("blk.0.attn_q_norm.weight", [32], 0, tensor_data(rng, [32], 0))]
+    seeds["qwen3_yarn"] = gguf(qwen3, small[2:] + norms)
+    # Llama 3.1: per-frequency rotary factors in rope_freqs
+    freqs = [("rope_freqs.weight", [8], 0, tensor_data(rng, [8], 0))]
+    seeds["llama3_rope_freqs"] = gguf(LLAMA_META, small + freqs)
+    # Gemma 3: sliding window, local rope base, soft-cap
+    gemma3 = [(k.replace("llama", "gemma3"), t, "gemma3" if v == "llama" else v)
+              for k, t, v in LLAMA_META]
+    gemma3 += [("gemma3.attention.sliding_window", U32, 8),
+               ("gemma3.rope.freq_base_swa", F32, 10000.0),
+               ("gemma3.final_logit_softcapping", F32, 30.0)]
+    seeds["gemma3_window"] = gguf(gemma3, small[2:] + norms)
     seeds["alignment_64"] = gguf(LLAMA_META + [("general.alignment", U32, 64)],
                                  small, alignment=64)
     seeds["all_value_types"] = gguf([

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use silica::{DType, Device};
-use silica_models::chat::{ChatTemplate, Message};
+use silica_models::chat::{Message, ModelTemplate};
 use silica_models::generate::{GenerationStats, check_prompt};
 use silica_models::gguf::GgufFile;
 use silica_models::llama::{Llama, LlamaConfig, LoadOptions};
@@ -31,7 +31,8 @@ pub struct GenerateArgs {
     /// Wrap the prompt in the model's chat template as a user message.
     #[arg(long)]
     chat: bool,
-    /// A system message for --chat (replaces the template's default one).
+    /// A system message for --chat (replaces the template's default one); an
+    /// error when the model's template takes none (Gemma 2, Mistral v0.1).
     #[arg(long, value_name = "TEXT", requires = "chat")]
     system: Option<String>,
     /// Most tokens to generate (fewer when the model's context fills up).
@@ -171,35 +172,47 @@ fn read_prompt(path: &Path) -> Result<String, CliError> {
     Ok(text.strip_suffix('\r').unwrap_or(text).to_string())
 }
 
-/// The model's tokenizer and the prompt's tokens (through the chat template
-/// with `--chat`).
+/// The model's tokenizer, the prompt's tokens and, with `--chat`, the name
+/// of the chat template they went through (`gguf`, `chatml (fallback)`).
 fn tokenize_prompt(
     gguf: &GgufFile,
     args: &GenerateArgs,
     prompt: &str,
-) -> Result<(Tokenizer, Vec<u32>), CliError> {
+) -> Result<(Tokenizer, Vec<u32>, Option<String>), CliError> {
     let tokenizer = Tokenizer::from_gguf(gguf)?;
-    let prompt_ids = if args.chat {
-        let source = gguf.get("tokenizer.chat_template").and_then(|v| v.as_str());
-        let template = ChatTemplate::detect(source).ok_or_else(|| {
-            CliError::msg("--chat: the model has no chat template silica recognises (ChatML, Llama 2, Llama 3)".into())
+    if !args.chat {
+        let ids = tokenizer.encode(prompt, true)?;
+        return Ok((tokenizer, ids, None));
+    }
+    let template = ModelTemplate::from_gguf(gguf)
+        .map_err(|e| CliError::msg(format!("--chat: {e}")))?
+        .ok_or_else(|| {
+            CliError::msg(
+                "--chat: the model has no chat template: its file has no tokenizer.chat_template, \
+                 and none of the built-in ones (ChatML, Llama 2, Llama 3) fits its vocabulary or name"
+                    .into(),
+            )
         })?;
-        let mut messages = Vec::new();
-        if let Some(system) = &args.system {
-            messages.push(Message {
-                role: "system".into(),
-                content: system.clone(),
-            });
+    let mut messages = Vec::new();
+    if let Some(system) = &args.system {
+        messages.push(Message::system(system.as_str()));
+    }
+    messages.push(Message::user(prompt));
+    let ids = template.encode(&tokenizer, &messages, true).map_err(|e| {
+        // a template that takes the prompt alone refuses the system message
+        if args.system.is_some() && template.render(&messages[1..], true).is_ok() {
+            let why = e.to_string();
+            let why = why
+                .strip_prefix("the chat template rejects these messages: ")
+                .unwrap_or(&why);
+            CliError::msg(format!(
+                "--system: the model's chat template does not accept a system message: {why}"
+            ))
+        } else {
+            CliError::msg(format!("--chat: {e}"))
         }
-        messages.push(Message {
-            role: "user".into(),
-            content: prompt.to_string(),
-        });
-        tokenizer.encode(&template.render(&messages, true), false)?
-    } else {
-        tokenizer.encode(prompt, true)?
-    };
-    Ok((tokenizer, prompt_ids))
+    })?;
+    Ok((tokenizer, ids, Some(template.name())))
 }
 
 pub fn run(args: &GenerateArgs) -> Result<(), CliError> {
@@ -238,7 +251,7 @@ pub fn run(args: &GenerateArgs) -> Result<(), CliError> {
         });
         (tokenized, model)
     });
-    let (tokenizer, prompt_ids) = tokenized?;
+    let (tokenizer, prompt_ids, template) = tokenized?;
     check_prompt(prompt_ids.len(), config.context_length)?;
     let model = model?;
     let model_name = gguf
@@ -310,8 +323,13 @@ pub fn run(args: &GenerateArgs) -> Result<(), CliError> {
     } else {
         "host memory".to_string()
     };
+    // with --chat, the chat template used, before the stop reason (which
+    // stays last)
+    let template = template
+        .map(|name| format!(" | template: {name}"))
+        .unwrap_or_default();
     eprintln!(
-        "[{device} | {model_name} | {} prompt tokens, prefill {:.0} ms | {} tokens at {:.1} tok/s | {memory} | stop: {}]",
+        "[{device} | {model_name} | {} prompt tokens, prefill {:.0} ms | {} tokens at {:.1} tok/s | {memory}{template} | stop: {}]",
         stats.prompt_tokens,
         stats.prefill_time.as_secs_f64() * 1e3,
         stats.generated_tokens,

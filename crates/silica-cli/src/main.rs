@@ -18,6 +18,7 @@ mod devices;
 mod embed;
 mod generate;
 mod models;
+mod perplexity;
 mod quantize;
 
 use std::io::{self, IsTerminal, Write};
@@ -48,6 +49,9 @@ enum Command {
     Models(models::ModelsArgs),
     /// Generate text with a Llama-family model (default: SmolLM2-135M-Instruct).
     Generate(generate::GenerateArgs),
+    /// Perplexity of a Llama-family model over a text, and (--save-logits,
+    /// --kl-base) KL divergence and top-1 agreement against saved logits.
+    Perplexity(perplexity::PerplexityArgs),
     /// Convert a GGUF model to q8_0, q4_0, q4_1, q4_k, f16 or f32, or write a
     /// random-weight Llama-shaped model (--synthetic) for speed tests.
     Quantize(quantize::QuantizeArgs),
@@ -164,6 +168,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Embed(args) => embed::run(&args),
         Command::Models(args) => models::run(&args),
         Command::Generate(args) => generate::run(&args),
+        Command::Perplexity(args) => perplexity::run(&args),
         Command::Quantize(args) => quantize::run(&args),
     }
 }

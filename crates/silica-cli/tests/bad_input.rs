@@ -112,6 +112,29 @@ fn tiny() -> &'static Path {
     })
 }
 
+/// The tiny model with `tokenizer.chat_template` set to `template`.
+fn tiny_with_chat_template(name: &str, template: &str) -> PathBuf {
+    use silica_models::gguf::{GgufFile, GgufWriter, MetaValue};
+    let source = GgufFile::open(tiny()).unwrap();
+    let mut w = GgufWriter::new();
+    for (key, value) in source.metadata() {
+        w.metadata(key.clone(), value.clone()).unwrap();
+    }
+    w.metadata(
+        "tokenizer.chat_template",
+        MetaValue::String(template.into()),
+    )
+    .unwrap();
+    for t in source.tensors() {
+        let data = source.tensor_bytes(t).to_vec();
+        w.add_tensor(t.name.clone(), &t.shape(), t.ggml_type, data)
+            .unwrap();
+    }
+    let path = tmp(name);
+    w.write_to_path(&path).unwrap();
+    path
+}
+
 #[test]
 fn unknown_devices() {
     let m = s(tiny());
@@ -460,6 +483,52 @@ fn generation_stops_when_the_context_is_full() {
     let last = stderr.lines().last().unwrap_or_default();
     assert!(last.contains("| 4 prompt tokens,"), "{stderr}");
     assert!(last.ends_with("stop: max tokens]"), "{stderr}");
+}
+
+#[test]
+fn chat_uses_the_file_template() {
+    // a template that refuses a system message, as Gemma 2's does
+    let no_system = tiny_with_chat_template(
+        "no_system.gguf",
+        "{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}\
+         {{ bos_token }}{% for m in messages %}{{ m['content'] | trim }}{% endfor %}",
+    );
+    let m = s(&no_system);
+    let chat = ["generate", "a b", "--chat", "--model", m, "--device", "cpu"];
+    fails(
+        &[&chat[..], &["--system", "Be brief."]].concat(),
+        "--system: the model's chat template does not accept a system message: System role not supported",
+    );
+    // without --system it renders, and the status line names the template
+    let args: Vec<&OsStr> = chat
+        .iter()
+        .chain(&["--max-tokens", "3"])
+        .map(OsStr::new)
+        .collect();
+    let out = run(&args, &[], b"");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let last = stderr.lines().last().unwrap_or_default();
+    // one BOS (the template writes it and the tokenizer adds it), "a", "b"
+    assert!(last.contains("| 3 prompt tokens,"), "{stderr}");
+    assert!(
+        last.ends_with("| template: gguf | stop: max tokens]"),
+        "{stderr}"
+    );
+    // a template that does not parse
+    let broken = tiny_with_chat_template("broken_template.gguf", "{% for m in messages %}");
+    fails(
+        &[
+            "generate",
+            "a",
+            "--chat",
+            "--model",
+            s(&broken),
+            "--device",
+            "cpu",
+        ],
+        "unsupported: tokenizer.chat_template: syntax error: unexpected end of input",
+    );
 }
 
 #[test]

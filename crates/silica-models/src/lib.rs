@@ -9,6 +9,7 @@ pub mod generate;
 pub mod gguf;
 pub mod kquant;
 pub mod llama;
+pub mod perplexity;
 pub mod quant;
 pub mod resolve;
 pub mod safetensors;

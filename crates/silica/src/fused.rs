@@ -98,3 +98,83 @@ impl CustomOp for FusedQMatmul {
         }
     }
 }
+
+/// RMSNorm of the query heads and of the key heads of a packed QKV tensor
+/// (Qwen3's and Gemma 3's head norms): operands `[qkv [T, H + 2 KVH, D],
+/// q_weight [D], k_weight [D]]`, the caller checked them.
+pub(crate) struct HeadNorm {
+    pub q_heads: usize,
+    pub k_heads: usize,
+    pub eps: f32,
+}
+
+static HEAD_NORM: crate::custom::WgslKernel = crate::custom::WgslKernel {
+    name: "head_norm",
+    source: include_str!("backend/gpu/kernels/head_norm.wgsl"),
+    needs: crate::KernelNeeds::NOTHING,
+};
+
+impl HeadNorm {
+    fn composed(&self, inputs: &[&Tensor]) -> Result<Tensor> {
+        let (x, qw, kw) = (inputs[0], inputs[1], inputs[2]);
+        let (h, kvh) = (self.q_heads, self.k_heads);
+        let rest = x.shape()[1] - h - kvh;
+        let q = x.narrow(1, 0, h)?.rms_norm(qw, self.eps)?;
+        let k = x.narrow(1, h, kvh)?.rms_norm(kw, self.eps)?;
+        Tensor::cat(&[&q, &k, &x.narrow(1, h + kvh, rest)?], 1)
+    }
+}
+
+impl CustomOp for HeadNorm {
+    fn name(&self) -> &'static str {
+        "head_norm"
+    }
+
+    fn output(&self, inputs: &[&Tensor], _: &[&Tensor]) -> Result<(Vec<usize>, DType)> {
+        Ok((inputs[0].shape().to_vec(), inputs[0].dtype()))
+    }
+
+    fn cpu(&self, inputs: &[&Tensor], _: &mut [&mut Tensor]) -> Result<Tensor> {
+        self.composed(inputs)
+    }
+
+    fn gpu(&self, call: &mut GpuCall<'_>) -> Result<bool> {
+        let x = call.inputs()[0];
+        let [t, heads, d] = [x.shape()[0], x.shape()[1], x.shape()[2]];
+        let half = match x.dtype() {
+            DType::F32 => 0,
+            DType::F16 if d.is_multiple_of(2) => 1,
+            _ => return Ok(false),
+        };
+        let rows = t * heads;
+        let fits = |v: usize| u32::try_from(v).ok();
+        let (Some(rows32), Some(heads32), Some(d32)) = (fits(rows), fits(heads), fits(d)) else {
+            return Ok(false);
+        };
+        let params = crate::custom::params(&[
+            rows32,
+            heads32,
+            self.q_heads as u32,
+            self.k_heads as u32,
+            d32,
+            self.eps.to_bits(),
+            half,
+            0,
+        ]);
+        let groups = call.groups_for(rows, 1)?;
+        call.dispatch(&HEAD_NORM, &params, groups)?;
+        Ok(true)
+    }
+
+    fn compose(&self, inputs: &[&Tensor], _: &mut [&mut Tensor]) -> Result<Option<Tensor>> {
+        self.composed(inputs).map(Some)
+    }
+
+    /// As RMSNorm's.
+    fn tolerance(&self, dtype: DType, _: usize) -> Tolerance {
+        Tolerance {
+            rel: Tolerance::elementwise(dtype).rel * 4.0,
+            rms_share: 0.0,
+        }
+    }
+}

@@ -294,3 +294,46 @@ fn custom_kernel_names_must_be_unique() {
         assert!(e.to_string().contains("must be unique"), "{e}");
     }
 }
+
+/// The library's own fused ops are custom ops: `head_norm` (Qwen3's head
+/// norms) runs as its one kernel on a GPU for f32 and f16, with no
+/// fallback, and matches the composed ops.
+#[test]
+fn head_norm_is_one_kernel_on_every_gpu() {
+    for dev in own_gpus() {
+        let Device::Gpu(g) = &dev else { unreachable!() };
+        g.set_strict(true);
+        for dtype in [DType::F32, DType::F16] {
+            let x = Tensor::randn(&[3, 8, 64], dtype, 1, &dev).unwrap();
+            let qw = Tensor::randn(&[64], dtype, 2, &dev).unwrap();
+            let kw = Tensor::randn(&[64], dtype, 3, &dev).unwrap();
+            x.head_norm(&qw, &kw, 4, 2, 1e-6).unwrap();
+            dev.synchronize().unwrap();
+            let profiling = dev.set_profiling(true);
+            let y = x.head_norm(&qw, &kw, 4, 2, 1e-6).unwrap();
+            dev.synchronize().unwrap();
+            dev.set_profiling(false);
+            if profiling {
+                let report = dev.profile_report();
+                let names: Vec<&str> = report.iter().map(|k| k.name.as_str()).collect();
+                assert_eq!(names.len(), 1, "{dtype} on {dev}: {names:?}");
+                assert!(names[0].starts_with("custom/head_norm"), "{names:?}");
+                dev.reset_profile();
+            }
+            let cpu = Device::Cpu;
+            let [xc, qc, kc] = [&x, &qw, &kw].map(|t| t.to_device(&cpu).unwrap());
+            let q = xc.narrow(1, 0, 4).unwrap().rms_norm(&qc, 1e-6).unwrap();
+            let k = xc.narrow(1, 4, 2).unwrap().rms_norm(&kc, 1e-6).unwrap();
+            let v = xc.narrow(1, 6, 2).unwrap();
+            let want = Tensor::cat(&[&q, &k, &v], 1).unwrap();
+            let tol = if dtype == DType::F32 { 1e-5 } else { 4e-3 };
+            assert_close(
+                &f32s(&y),
+                &f32s(&want),
+                tol,
+                &format!("head_norm {dtype} on {dev}"),
+            );
+        }
+        assert!(g.fallback_report().is_empty(), "{:?}", g.fallback_report());
+    }
+}

@@ -610,7 +610,34 @@ fn all_cases() -> Vec<Case> {
     data_movement_cases(&mut cases);
     nn_cases(&mut cases);
     cached_attention_cases(&mut cases);
+    head_norm_cases(&mut cases);
     cases
+}
+
+/// Qwen3's head norms of a packed QKV tensor: one kernel for f32 and f16
+/// (heads of even size), the composed ops for bf16 and odd heads; strided
+/// inputs are made contiguous first.
+fn head_norm_cases(cases: &mut Vec<Case>) {
+    // (positions, query heads, key heads, value heads, head size, input kind)
+    let shapes = [
+        (1usize, 4usize, 2usize, 2usize, 64usize, Kind::Contiguous),
+        (5, 8, 2, 2, 128, Kind::Contiguous),
+        (3, 2, 1, 1, 6, Kind::Contiguous),
+        (2, 2, 2, 2, 7, Kind::Contiguous),
+        (4, 4, 2, 2, 32, Kind::Offset),
+        (1, 2, 1, 0, 256, Kind::Contiguous),
+    ];
+    for dtype in DType::FLOATS {
+        for (t, h, kvh, vh, hd, kind) in shapes {
+            let name = format!("head_norm {dtype} t{t} h{h}/{kvh}/{vh} d{hd} {kind:?}");
+            case(cases, name, accumulating(dtype), move |d| {
+                let x = input(kind, &[t, h + kvh + vh, hd], dtype, 61, d)?;
+                let qw = input(Kind::Contiguous, &[hd], dtype, 62, d)?;
+                let kw = input(Kind::Contiguous, &[hd], dtype, 63, d)?;
+                x.head_norm(&qw, &kw, h, kvh, 1e-6)
+            });
+        }
+    }
 }
 
 /// Angle tables `[t, half]` for rotary embeddings (f32, as the op requires).

@@ -1,7 +1,11 @@
 //! `silica quantize --synthetic NAME`: a Llama-shaped model with random
 //! weights (N(0, 0.02), norms 1) and a made-up SentencePiece vocabulary, to
 //! measure decode speed at a real model's shape without downloading it. Its
-//! text is gibberish.
+//! text is gibberish. The `tiny-*` shapes are small models of each
+//! supported architecture variant (Llama 3.1's frequency factors, YaRN,
+//! Qwen3's head norms and head size, Gemma 2's and Gemma 3's sliding
+//! windows, soft-caps and extra norms) with larger weights, whose logits
+//! `scripts/arch_golden.py` records with llama.cpp for the tests.
 //!
 //! Each tensor is drawn from its own seeded generator and quantized a slice
 //! of rows at a time, so the f32 model never exists in memory as a whole.
@@ -16,13 +20,22 @@ use silica_models::gguf::{GgmlType, GgufWriter, MetaValue};
 use super::{Progress, Stats, Target, convert_rows};
 use crate::CliError;
 
-/// Standard deviation of the random weights.
+/// Standard deviation of the random weights of the real shapes.
 const WEIGHT_STD: f32 = 0.02;
+
+/// Standard deviation of the `tiny-*` shapes' weights: large enough that
+/// attention is far from uniform, so that the rotary angles show in the
+/// logits.
+const TINY_STD: f32 = 0.25;
 
 /// The shape of a Llama-family decoder.
 #[derive(Clone, Copy, Debug)]
 pub struct Shape {
     name: &'static str,
+    /// `general.architecture`: `llama`, `qwen3`, `gemma2` or `gemma3`.
+    arch: &'static str,
+    /// The head size where it is not `d_model / n_heads` (0: that).
+    head_dim: usize,
     d_model: usize,
     n_layers: usize,
     n_heads: usize,
@@ -34,61 +47,171 @@ pub struct Shape {
     rms_eps: f32,
     /// The output projection is the token embedding (no `output.weight`).
     tied: bool,
+    weight_std: f32,
+    /// A `rope_freqs.weight` of Llama 3.1's frequency factors (scale 8,
+    /// low 1, high 4, over 8,192 positions).
+    rope_freqs: bool,
+    /// YaRN scaling: (factor, original context).
+    yarn: Option<(f32, u32)>,
+    /// Gemma's keys (for `gemma2` and `gemma3`).
+    gemma: Option<GemmaShape>,
 }
 
-/// The shapes `--synthetic` knows, from the models' `config.json`.
-const SHAPES: [Shape; 4] = [
+/// What a Gemma shape adds. Its norm weights are drawn around 1 (the
+/// other shapes' are 1), so that a norm applied in the wrong place shows.
+#[derive(Clone, Copy, Debug)]
+struct GemmaShape {
+    /// `attention.sliding_window`.
+    sliding_window: u32,
+    /// `attention.sliding_window_pattern` (0: not written, the
+    /// architecture's default).
+    pattern: u32,
+    /// `attn_logit_softcapping` and `final_logit_softcapping` (Gemma 2).
+    softcaps: Option<(f32, f32)>,
+}
+
+impl Shape {
+    /// A real model's shape: Llama, no scaling.
+    const fn real(
+        name: &'static str,
+        [d_model, n_layers, n_heads, n_kv_heads, ffn_dim]: [usize; 5],
+        vocab_size: usize,
+        context_length: usize,
+        rope_theta: f32,
+        tied: bool,
+    ) -> Shape {
+        Shape {
+            name,
+            arch: "llama",
+            head_dim: 0,
+            d_model,
+            n_layers,
+            n_heads,
+            n_kv_heads,
+            ffn_dim,
+            vocab_size,
+            context_length,
+            rope_theta,
+            rms_eps: 1e-5,
+            tied,
+            weight_std: WEIGHT_STD,
+            rope_freqs: false,
+            yarn: None,
+            gemma: None,
+        }
+    }
+
+    /// A tiny model of `arch`: 2 layers, 64 wide, 4 heads over 2 KV heads.
+    const fn tiny(name: &'static str, arch: &'static str, head_dim: usize) -> Shape {
+        Shape {
+            name,
+            arch,
+            head_dim,
+            d_model: 64,
+            n_layers: 2,
+            n_heads: 4,
+            n_kv_heads: 2,
+            ffn_dim: 128,
+            vocab_size: 512,
+            context_length: 4096,
+            rope_theta: 500_000.0,
+            rms_eps: 1e-5,
+            tied: false,
+            weight_std: TINY_STD,
+            rope_freqs: false,
+            yarn: None,
+            gemma: None,
+        }
+    }
+}
+
+/// The shapes `--synthetic` knows: real models' (from their
+/// `config.json`), then the tiny ones of the architecture tests.
+const SHAPES: [Shape; 10] = [
+    Shape::real(
+        "smollm2-135m",
+        [576, 30, 9, 3, 1536],
+        49152,
+        8192,
+        1e5,
+        true,
+    ),
+    // Llama 3.2 1B and 3B, Llama 3.1 8B
+    Shape::real(
+        "llama-1b",
+        [2048, 16, 32, 8, 8192],
+        128_256,
+        131_072,
+        5e5,
+        true,
+    ),
+    Shape::real(
+        "llama-3b",
+        [3072, 28, 24, 8, 8192],
+        128_256,
+        131_072,
+        5e5,
+        true,
+    ),
+    // Qwen3 0.6B: heads of 128 on a width of 1,024 split 16 ways, head norms
     Shape {
-        name: "smollm2-135m",
-        d_model: 576,
-        n_layers: 30,
-        n_heads: 9,
-        n_kv_heads: 3,
-        ffn_dim: 1536,
-        vocab_size: 49152,
-        context_length: 8192,
-        rope_theta: 100_000.0,
-        rms_eps: 1e-5,
-        tied: true,
+        arch: "qwen3",
+        head_dim: 128,
+        ..Shape::real(
+            "qwen3-0.6b",
+            [1024, 28, 16, 8, 3072],
+            151_936,
+            40_960,
+            1e6,
+            true,
+        )
+    },
+    Shape::real(
+        "llama-8b",
+        [4096, 32, 32, 8, 14336],
+        128_256,
+        131_072,
+        5e5,
+        false,
+    ),
+    Shape {
+        rope_freqs: true,
+        ..Shape::tiny("tiny-llama3", "llama", 0)
     },
     Shape {
-        name: "llama-1b", // Llama 3.2 1B
-        d_model: 2048,
-        n_layers: 16,
-        n_heads: 32,
-        n_kv_heads: 8,
-        ffn_dim: 8192,
-        vocab_size: 128_256,
-        context_length: 131_072,
-        rope_theta: 500_000.0,
-        rms_eps: 1e-5,
-        tied: true,
+        yarn: Some((4.0, 256)),
+        rope_theta: 10_000.0,
+        ..Shape::tiny("tiny-yarn", "llama", 0)
     },
+    // Qwen3: heads of 32 on a width of 64 split four ways, and head norms
+    Shape::tiny("tiny-qwen3", "qwen3", 32),
+    // Gemma 3: layers 0 and 1 local (a window of 8, base 10,000), layer 2
+    // global; heads of 256 as in the real models, head norms, post-norms,
+    // GeGLU, tied output
     Shape {
-        name: "llama-3b", // Llama 3.2 3B
-        d_model: 3072,
-        n_layers: 28,
-        n_heads: 24,
-        n_kv_heads: 8,
-        ffn_dim: 8192,
-        vocab_size: 128_256,
-        context_length: 131_072,
-        rope_theta: 500_000.0,
-        rms_eps: 1e-5,
+        n_layers: 3,
+        rope_theta: 1e6,
+        rms_eps: 1e-6,
         tied: true,
+        gemma: Some(GemmaShape {
+            sliding_window: 8,
+            pattern: 3,
+            softcaps: None,
+        }),
+        ..Shape::tiny("tiny-gemma3", "gemma3", 256)
     },
+    // Gemma 2: layer 0 local, layer 1 global (the default pattern), both
+    // soft-caps small enough to bend these weights' scores and logits
     Shape {
-        name: "llama-8b", // Llama 3.1 8B
-        d_model: 4096,
-        n_layers: 32,
-        n_heads: 32,
-        n_kv_heads: 8,
-        ffn_dim: 14336,
-        vocab_size: 128_256,
-        context_length: 131_072,
-        rope_theta: 500_000.0,
-        rms_eps: 1e-5,
-        tied: false,
+        rope_theta: 10_000.0,
+        rms_eps: 1e-6,
+        tied: true,
+        gemma: Some(GemmaShape {
+            sliding_window: 8,
+            pattern: 0,
+            softcaps: Some((4.0, 5.0)),
+        }),
+        ..Shape::tiny("tiny-gemma2", "gemma2", 32)
     },
 ];
 
@@ -110,7 +233,34 @@ impl Shape {
     }
 
     fn head_dim(&self) -> usize {
-        self.d_model / self.n_heads
+        if self.head_dim > 0 {
+            self.head_dim
+        } else {
+            self.d_model / self.n_heads
+        }
+    }
+
+    /// Llama 3.1's rotary frequency factors for this head size (how its
+    /// converter computes `rope_freqs`): 1 for short wavelengths, the
+    /// scale for long ones, a smooth mix between.
+    fn llama3_factors(&self) -> Vec<f32> {
+        let (scale, low, high, old_context) = (8.0f64, 1.0f64, 4.0f64, 8192.0f64);
+        let hd = self.head_dim();
+        (0..hd / 2)
+            .map(|i| {
+                let freq = f64::from(self.rope_theta).powf(-(2.0 * i as f64) / hd as f64);
+                let wavelength = 2.0 * std::f64::consts::PI / freq;
+                let factor = if wavelength < old_context / high {
+                    1.0
+                } else if wavelength > old_context / low {
+                    scale
+                } else {
+                    let smooth = (old_context / wavelength - low) / (high - low);
+                    1.0 / ((1.0 - smooth) / scale + smooth)
+                };
+                factor as f32
+            })
+            .collect()
     }
 
     /// Every tensor's GGUF name and row-major shape, in file order.
@@ -119,7 +269,7 @@ impl Shape {
         let (qd, kvd) = (self.n_heads * hd, self.n_kv_heads * hd);
         let mut t = vec![("token_embd.weight".to_string(), vec![self.vocab_size, d])];
         for i in 0..self.n_layers {
-            let layer: [(&str, Vec<usize>); 9] = [
+            let mut layer: Vec<(&str, Vec<usize>)> = vec![
                 ("attn_norm.weight", vec![d]),
                 ("attn_q.weight", vec![qd, d]),
                 ("attn_k.weight", vec![kvd, d]),
@@ -130,7 +280,19 @@ impl Shape {
                 ("ffn_up.weight", vec![ffn, d]),
                 ("ffn_down.weight", vec![d, ffn]),
             ];
+            if matches!(self.arch, "qwen3" | "gemma3") {
+                layer.insert(2, ("attn_q_norm.weight", vec![hd]));
+                layer.insert(4, ("attn_k_norm.weight", vec![hd]));
+            }
+            if self.gemma.is_some() {
+                let at = layer.len() - 4;
+                layer.insert(at, ("post_attention_norm.weight", vec![d]));
+                layer.push(("post_ffw_norm.weight", vec![d]));
+            }
             t.extend(layer.into_iter().map(|(n, s)| (format!("blk.{i}.{n}"), s)));
+        }
+        if self.rope_freqs {
+            t.push(("rope_freqs.weight".to_string(), vec![hd / 2]));
         }
         t.push(("output_norm.weight".to_string(), vec![d]));
         if !self.tied {
@@ -139,32 +301,64 @@ impl Shape {
         t
     }
 
-    /// The model's `general.*` and `llama.*` metadata.
+    /// The model's `general.*` and `<arch>.*` metadata.
     fn metadata(&self) -> Vec<(String, MetaValue)> {
         let u32_of = |v: usize| MetaValue::U32(v as u32);
-        let entries = [
-            ("general.architecture", MetaValue::String("llama".into())),
+        let mut entries = vec![
+            ("general.architecture", MetaValue::String(self.arch.into())),
             (
                 "general.name",
                 MetaValue::String(format!("synthetic {} (random weights)", self.name)),
             ),
-            ("llama.vocab_size", u32_of(self.vocab_size)),
-            ("llama.context_length", u32_of(self.context_length)),
-            ("llama.embedding_length", u32_of(self.d_model)),
-            ("llama.block_count", u32_of(self.n_layers)),
-            ("llama.feed_forward_length", u32_of(self.ffn_dim)),
-            ("llama.rope.dimension_count", u32_of(self.head_dim())),
-            ("llama.attention.head_count", u32_of(self.n_heads)),
-            ("llama.attention.head_count_kv", u32_of(self.n_kv_heads)),
-            ("llama.rope.freq_base", MetaValue::F32(self.rope_theta)),
+            ("vocab_size", u32_of(self.vocab_size)),
+            ("context_length", u32_of(self.context_length)),
+            ("embedding_length", u32_of(self.d_model)),
+            ("block_count", u32_of(self.n_layers)),
+            ("feed_forward_length", u32_of(self.ffn_dim)),
+            ("rope.dimension_count", u32_of(self.head_dim())),
+            ("attention.head_count", u32_of(self.n_heads)),
+            ("attention.head_count_kv", u32_of(self.n_kv_heads)),
+            ("rope.freq_base", MetaValue::F32(self.rope_theta)),
             (
-                "llama.attention.layer_norm_rms_epsilon",
+                "attention.layer_norm_rms_epsilon",
                 MetaValue::F32(self.rms_eps),
             ),
         ];
+        if self.head_dim > 0 {
+            entries.push(("attention.key_length", u32_of(self.head_dim)));
+            entries.push(("attention.value_length", u32_of(self.head_dim)));
+        }
+        if let Some(g) = self.gemma {
+            entries.push(("attention.sliding_window", MetaValue::U32(g.sliding_window)));
+            if g.pattern > 0 {
+                entries.push((
+                    "attention.sliding_window_pattern",
+                    MetaValue::U32(g.pattern),
+                ));
+            }
+            if let Some((attn, last)) = g.softcaps {
+                entries.push(("attn_logit_softcapping", MetaValue::F32(attn)));
+                entries.push(("final_logit_softcapping", MetaValue::F32(last)));
+            }
+        }
+        if let Some((factor, original)) = self.yarn {
+            entries.push(("rope.scaling.type", MetaValue::String("yarn".into())));
+            entries.push(("rope.scaling.factor", MetaValue::F32(factor)));
+            entries.push((
+                "rope.scaling.original_context_length",
+                MetaValue::U32(original),
+            ));
+        }
         entries
             .into_iter()
-            .map(|(k, v)| (k.to_string(), v))
+            .map(|(k, v)| {
+                let key = if k.starts_with("general.") {
+                    k.to_string()
+                } else {
+                    format!("{}.{k}", self.arch)
+                };
+                (key, v)
+            })
             .collect()
     }
 }
@@ -262,7 +456,7 @@ pub fn write(shape: Shape, target: Target, seed: u64, output: &Path) -> Result<S
     let numel = |dims: &[usize]| dims.iter().product::<usize>();
     let total = tensors.iter().map(|(_, d, _)| numel(d) as u64).sum();
     let mut progress = Progress::new(total);
-    let normal = Normal::new(0.0f32, WEIGHT_STD)
+    let normal = Normal::new(0.0f32, shape.weight_std)
         .map_err(|e| CliError::msg(format!("the weight distribution: {e}")))?;
     let mut out = w.create(output)?;
     eprintln!(
@@ -286,7 +480,15 @@ pub fn write(shape: Shape, target: Target, seed: u64, output: &Path) -> Result<S
                     seed ^ (index as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
                         ^ (first as u64).wrapping_mul(0xD1B5_4A32_D192_ED03),
                 );
-                Ok(if is_norm {
+                Ok(if name == "rope_freqs.weight" {
+                    shape.llama3_factors()
+                } else if is_norm && shape.gemma.is_some() {
+                    normal
+                        .sample_iter(&mut rng)
+                        .take(len)
+                        .map(|v| 1.0 + v)
+                        .collect()
+                } else if is_norm {
                     vec![1.0; len]
                 } else {
                     normal.sample_iter(&mut rng).take(len).collect()
@@ -327,9 +529,21 @@ mod tests {
     #[test]
     fn shapes_divide_into_heads() {
         for s in SHAPES {
-            assert_eq!(s.d_model % s.n_heads, 0, "{}", s.name);
             assert_eq!(s.n_heads % s.n_kv_heads, 0, "{}", s.name);
-            assert!(matches!(s.head_dim(), 64 | 128), "{}", s.name);
+            if s.weight_std == WEIGHT_STD && s.head_dim == 0 {
+                assert_eq!(s.d_model % s.n_heads, 0, "{}", s.name);
+                assert!(matches!(s.head_dim(), 64 | 128), "{}", s.name);
+            }
         }
+    }
+
+    #[test]
+    fn llama3_factors_run_from_one_to_the_scale() {
+        let s = Shape::by_name("tiny-llama3").unwrap();
+        let f = s.llama3_factors();
+        assert_eq!(f.len(), 8);
+        assert_eq!(f[0], 1.0);
+        assert_eq!(f[7], 8.0);
+        assert!(f.windows(2).all(|w| w[0] <= w[1]), "{f:?}");
     }
 }

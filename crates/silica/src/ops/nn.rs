@@ -333,6 +333,62 @@ impl Tensor {
         self.cached_attention_composed(cache, start, rope, heads, scale)
     }
 
+    /// RMSNorm of each query head and each key head of a packed QKV tensor,
+    /// before the rotation (Qwen3's and Gemma 3's head norms): `self` is
+    /// `[T, q_heads + k_heads + rest, D]`; heads `0..q_heads` are normalized
+    /// with `q_weight` `[D]`, the next `k_heads` with `k_weight`, the rest
+    /// (the value heads) are copied. One kernel on a GPU for f32 and f16;
+    /// the same as [`Tensor::narrow`], [`Tensor::rms_norm`] and
+    /// [`Tensor::cat`] elsewhere.
+    pub fn head_norm(
+        &self,
+        q_weight: &Tensor,
+        k_weight: &Tensor,
+        q_heads: usize,
+        k_heads: usize,
+        eps: f32,
+    ) -> Result<Tensor> {
+        let name = "head_norm";
+        for w in [q_weight, k_weight] {
+            self.same_device(w, name)?;
+            if w.dtype() != self.dtype() {
+                return Err(Error::DTypeMismatch {
+                    op: name,
+                    lhs: self.dtype(),
+                    rhs: w.dtype(),
+                });
+            }
+        }
+        let fits = self.rank() == 3
+            && q_heads + k_heads <= self.shape()[1]
+            && [q_weight, k_weight]
+                .iter()
+                .all(|w| w.shape() == [self.shape()[2]]);
+        if !fits {
+            return Err(Error::InvalidArgument {
+                op: name,
+                msg: format!(
+                    "qkv {:?} must be [T, heads, D] with at least {q_heads} + {k_heads} heads, \
+                     the weights [D], not {:?} and {:?}",
+                    self.shape(),
+                    q_weight.shape(),
+                    k_weight.shape()
+                ),
+            });
+        }
+        let op = crate::fused::HeadNorm {
+            q_heads,
+            k_heads,
+            eps,
+        };
+        let x = if self.is_contiguous() {
+            self.clone()
+        } else {
+            self.contiguous()?
+        };
+        crate::custom::apply(&op, &[&x, q_weight, k_weight])
+    }
+
     /// [`Tensor::cached_attention`] as rope, a cache update and attention
     /// (operands already checked).
     pub(crate) fn cached_attention_composed(

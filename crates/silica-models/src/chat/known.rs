@@ -1,44 +1,16 @@
-//! Chat prompts: the common chat templates, recognised from their Jinja
-//! source (`tokenizer.chat_template`) and rendered without a Jinja engine.
+//! The chat templates silica renders without a Jinja engine: ChatML,
+//! Llama 2 and Llama 3. They are the fallback for a GGUF file without a
+//! `tokenizer.chat_template` (older conversions), recognised from its
+//! vocabulary and name ([`ChatTemplate::fallback_for`]), or from a
+//! template's source ([`ChatTemplate::detect`]).
 //!
 //! Each [`ChatTemplate::render`] writes exactly what the model's Jinja
 //! template writes for plain `{role, content}` messages, including the
-//! special tokens as text (`<|im_start|>`), so the result is encoded with
-//! `Tokenizer::encode(text, false)` (no BOS added: a template that wants one
-//! writes it).
+//! special tokens as text (`<|im_start|>`).
 
-/// One chat message.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Message {
-    /// `system`, `user` or `assistant`.
-    pub role: String,
-    pub content: String,
-}
+use crate::gguf::GgufFile;
 
-impl Message {
-    /// A message with any role.
-    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Message {
-        Message {
-            role: role.into(),
-            content: content.into(),
-        }
-    }
-
-    /// A `system` message.
-    pub fn system(content: impl Into<String>) -> Message {
-        Message::new("system", content)
-    }
-
-    /// A `user` message.
-    pub fn user(content: impl Into<String>) -> Message {
-        Message::new("user", content)
-    }
-
-    /// An `assistant` message.
-    pub fn assistant(content: impl Into<String>) -> Message {
-        Message::new("assistant", content)
-    }
-}
+use super::Message;
 
 /// A chat template silica knows.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -74,6 +46,52 @@ impl ChatTemplate {
             Some(ChatTemplate::Llama2)
         } else {
             None
+        }
+    }
+
+    /// The template chosen for a GGUF file that has no
+    /// `tokenizer.chat_template`, from what the file says about itself:
+    /// Llama 3 when the vocabulary has `<|start_header_id|>` and
+    /// `<|eot_id|>`, ChatML when it has `<|im_start|>` and `<|im_end|>`
+    /// (without a default system prompt), Llama 2 when the model's name or
+    /// file name says Llama 2 chat (`llama-2-7b-chat.Q4_0.gguf`, whose
+    /// conversions often carry no template). `None` for anything else.
+    pub fn fallback_for(file: &GgufFile) -> Option<ChatTemplate> {
+        let tokens = file
+            .get("tokenizer.ggml.tokens")
+            .and_then(|v| v.as_array())
+            .unwrap_or_default();
+        let has = |token: &str| tokens.iter().any(|t| t.as_str() == Some(token));
+        if has("<|start_header_id|>") && has("<|eot_id|>") {
+            return Some(ChatTemplate::Llama3);
+        }
+        if has("<|im_start|>") && has("<|im_end|>") {
+            return Some(ChatTemplate::ChatMl {
+                default_system: None,
+            });
+        }
+        // the names, lower-case, with `-`, `_` and `.` read as spaces
+        let mut names: Vec<String> = ["general.name", "general.basename", "general.finetune"]
+            .iter()
+            .filter_map(|key| file.get(key).and_then(|v| v.as_str()))
+            .map(str::to_string)
+            .collect();
+        if let Some(stem) = file.path().file_name() {
+            names.push(stem.to_string_lossy().into_owned());
+        }
+        let names = names.join(" ").to_lowercase().replace(['-', '_', '.'], " ");
+        let llama2 = ["llama 2", "llama v2", "llama2"]
+            .iter()
+            .any(|n| names.contains(n));
+        (llama2 && names.contains("chat")).then_some(ChatTemplate::Llama2)
+    }
+
+    /// The template's short name: `chatml`, `llama2` or `llama3`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            ChatTemplate::ChatMl { .. } => "chatml",
+            ChatTemplate::Llama2 => "llama2",
+            ChatTemplate::Llama3 => "llama3",
         }
     }
 

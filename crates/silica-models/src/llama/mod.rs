@@ -1,4 +1,5 @@
-//! Llama-family decoders (Llama 2/3, Mistral, Qwen2, SmolLM) from GGUF.
+//! Llama-family decoders (Llama 2/3, Mistral, Qwen2, Qwen3, SmolLM,
+//! Gemma 2 and 3) from GGUF.
 //!
 //! Matrices stored in a GGML block format stay in it on the device and are
 //! decoded inside the matmul kernels (`QTensor`, `Tensor::matmul_q`); the
@@ -7,129 +8,26 @@
 //! fused ops (RMSNorm, RoPE, attention, SwiGLU) and runs on every device;
 //! the Q/K/V projections and the gate/up projections are each one matmul
 //! over weights concatenated at load. The KV cache is a pair of device
-//! tensors per layer, preallocated and appended to in place.
+//! tensors per layer, preallocated and appended to in place. Gemma's
+//! additions (sliding windows, soft-capping, GeGLU, post-norms) are in
+//! `gemma.rs`; the other architectures never take their path. The shape
+//! of a model, as its GGUF metadata gives it, and the rotary angles it
+//! implies are in `config.rs`.
 
 use std::path::Path;
 
 pub use silica::RopeStyle;
-use silica::{AttentionOpts, DType, Device, QFuse, QTensor, QuantFormat, Tensor};
+use silica::{DType, Device, QFuse, QTensor, QuantFormat, Tensor};
 
 use crate::gguf::GgufFile;
 use crate::quant;
 use crate::{Error, Result};
 
-/// The shape of a model, read from GGUF metadata.
-#[derive(Clone, Debug)]
-pub struct LlamaConfig {
-    pub architecture: String,
-    pub n_layers: usize,
-    pub d_model: usize,
-    pub n_heads: usize,
-    pub n_kv_heads: usize,
-    pub head_dim: usize,
-    pub ffn_dim: usize,
-    pub vocab_size: usize,
-    pub context_length: usize,
-    pub rope_theta: f64,
-    /// Positions are divided by this (linear rope scaling); 1 when absent.
-    pub rope_linear_factor: f64,
-    pub rope_style: RopeStyle,
-    pub rms_eps: f64,
-}
-
-const ARCHITECTURES: [&str; 4] = ["llama", "mistral", "qwen2", "smollm"];
-
-impl LlamaConfig {
-    pub fn from_gguf(f: &GgufFile) -> Result<Self> {
-        let arch = f.get_str("general.architecture")?.to_string();
-        if !ARCHITECTURES.contains(&arch.as_str()) {
-            return Err(Error::Unsupported {
-                path: f.path().to_path_buf(),
-                what: format!(
-                    "architecture {arch:?} (supported: {})",
-                    ARCHITECTURES.join(", ")
-                ),
-            });
-        }
-        let key = |k: &str| format!("{arch}.{k}");
-        let usize_of = |k: &str| -> Result<usize> { Ok(f.get_u64(&key(k))? as usize) };
-        let d_model = usize_of("embedding_length")?;
-        let n_heads = usize_of("attention.head_count")?;
-        let n_kv_heads = f
-            .get(&key("attention.head_count_kv"))
-            .and_then(|v| v.as_u64())
-            .map_or(n_heads, |v| v as usize);
-        let bad = |what: String| Error::Format {
-            path: f.path().to_path_buf(),
-            offset: 0,
-            msg: what,
-        };
-        if n_heads == 0 || n_kv_heads == 0 || d_model % n_heads != 0 || n_heads % n_kv_heads != 0 {
-            return Err(bad(format!(
-                "inconsistent attention shape: {d_model} wide, {n_heads} heads, {n_kv_heads} KV heads"
-            )));
-        }
-        let head_dim = f
-            .get(&key("rope.dimension_count"))
-            .and_then(|v| v.as_u64())
-            .map_or(d_model / n_heads, |v| v as usize);
-        if head_dim != d_model / n_heads || !head_dim.is_multiple_of(2) {
-            return Err(Error::Unsupported {
-                path: f.path().to_path_buf(),
-                what: format!(
-                    "rotary dimension {head_dim} with head size {}",
-                    d_model / n_heads
-                ),
-            });
-        }
-        let token_count = f
-            .get("tokenizer.ggml.tokens")
-            .and_then(|v| v.as_array())
-            .map(|a| a.len());
-        let vocab_size = match f.get(&key("vocab_size")).and_then(|v| v.as_u64()) {
-            Some(v) => v as usize,
-            None => token_count.ok_or_else(|| Error::Missing {
-                path: f.path().to_path_buf(),
-                what: format!("{} or tokenizer.ggml.tokens", key("vocab_size")),
-            })?,
-        };
-        let rope_linear_factor = match f.get(&key("rope.scaling.type")).and_then(|v| v.as_str()) {
-            None | Some("none") => 1.0,
-            Some("linear") => f
-                .get(&key("rope.scaling.factor"))
-                .and_then(|v| v.as_f64())
-                .unwrap_or(1.0),
-            Some(other) => {
-                return Err(Error::Unsupported {
-                    path: f.path().to_path_buf(),
-                    what: format!("rope scaling {other:?}"),
-                });
-            }
-        };
-        Ok(Self {
-            n_layers: usize_of("block_count")?,
-            d_model,
-            n_heads,
-            n_kv_heads,
-            head_dim,
-            ffn_dim: usize_of("feed_forward_length")?,
-            vocab_size,
-            context_length: usize_of("context_length")?,
-            rope_theta: f
-                .get(&key("rope.freq_base"))
-                .and_then(|v| v.as_f64())
-                .unwrap_or(10_000.0),
-            rope_linear_factor,
-            rope_style: if arch == "qwen2" {
-                RopeStyle::Half
-            } else {
-                RopeStyle::Adjacent
-            },
-            rms_eps: f.get_f64(&key("attention.layer_norm_rms_epsilon"))?,
-            architecture: arch,
-        })
-    }
-}
+mod config;
+mod gemma;
+use config::rope_angles;
+pub use config::{LlamaConfig, RopeScaling};
+pub use gemma::GemmaConfig;
 
 /// A linear layer's weight `[out, in]`: a float tensor, or blocks kept
 /// quantized on the device.
@@ -242,16 +140,37 @@ impl Stacked {
             }
         }
     }
+
+    /// GeGLU, `gelu_tanh(gate) * up` of `rms_norm(x)` for the gate and up
+    /// projections (Gemma).
+    fn geglu(&self, x: &Tensor, norm: (&Tensor, f32)) -> silica::Result<Tensor> {
+        let (gate, up) = match self {
+            Stacked::Fused(_) => {
+                let y = self.apply(x, norm, None)?;
+                let n = y.dim(-1)? / 2;
+                (y.narrow(-1, 0, n)?, y.narrow(-1, n, n)?)
+            }
+            Stacked::Split(parts) => {
+                let hn = x.rms_norm(norm.0, norm.1)?;
+                (parts[0].apply(&hn)?, parts[1].apply(&hn)?)
+            }
+        };
+        gate.gelu_tanh()?.mul(&up)
+    }
 }
 
 struct Layer {
-    attn_norm: Tensor,    // [d]
-    qkv: Stacked,         // Q [heads * hd, d], K and V [kv_heads * hd, d]
-    bqkv: Option<Tensor>, // [(heads + 2 * kv_heads) * hd]
-    wo: Weight,           // [d, heads * hd]
-    ffn_norm: Tensor,     // [d]
-    gate_up: Stacked,     // gate, up [ffn, d]
-    w_down: Weight,       // [d, ffn]
+    attn_norm: Tensor,                 // [d]
+    qkv: Stacked,                      // Q [heads * hd, d], K and V [kv_heads * hd, d]
+    bqkv: Option<Tensor>,              // [(heads + 2 * kv_heads) * hd]
+    qk_norm: Option<(Tensor, Tensor)>, // [hd] each: query heads, key heads
+    wo: Weight,                        // [d, heads * hd]
+    ffn_norm: Tensor,                  // [d]
+    gate_up: Stacked,                  // gate, up [ffn, d]
+    w_down: Weight,                    // [d, ffn]
+    /// Gemma's RMSNorms of the attention's and the feed-forward's outputs
+    /// before their residual sums, `[d]` each.
+    post_norms: Option<(Tensor, Tensor)>,
 }
 
 /// The token embedding: float rows, or quantized rows decoded on lookup.
@@ -279,16 +198,21 @@ pub struct Llama {
     layers: Vec<Layer>,
     out_norm: Tensor, // [d]
     lm_head: Weight,  // [vocab, d] (the embedding when tied)
+    /// Llama 3.1's per-frequency divisors of the rotary frequencies
+    /// (`rope_freqs.weight`, `[hd / 2]`).
+    rope_freqs: Option<Vec<f32>>,
 }
 
 /// Keys and values of the positions seen so far, per layer: `[capacity,
 /// 2 * kv_heads, hd]` buffers (the keys' heads, then the values') of which
 /// the first `len` rows are filled, and the rotary angle tables
-/// `[capacity, hd / 2]` for the same positions.
+/// `[capacity, hd / 2]` for the same positions (and those of Gemma's local
+/// layers, cos then sin, where it has local layers).
 pub struct KvCache {
     kv: Vec<Tensor>,
     cos: Option<Tensor>,
     sin: Option<Tensor>,
+    local: Option<(Tensor, Tensor)>,
     capacity: usize,
     len: usize,
 }
@@ -328,6 +252,17 @@ impl Llama {
     pub fn load_with(f: &GgufFile, device: &Device, opts: LoadOptions) -> Result<Self> {
         let dtype = opts.dtype;
         let config = LlamaConfig::from_gguf(f)?;
+        if config.gemma.is_some() && dtype == DType::F16 {
+            // Gemma 3 270M's residual stream passes 100,000 by the 10th
+            // layer (llama.cpp keeps it in f32 whatever the weights)
+            return Err(Error::Unsupported {
+                path: f.path().to_path_buf(),
+                what: format!(
+                    "f16 activations for {}: its residual stream exceeds f16's range (use f32 or bf16)",
+                    config.architecture
+                ),
+            });
+        }
         let info = |name: &str| {
             f.tensor_info(name).ok_or_else(|| Error::Missing {
                 path: f.path().to_path_buf(),
@@ -449,14 +384,33 @@ impl Llama {
                 ],
                 d,
             )?;
+            let qk_norm = if config.qk_norm {
+                let hd = config.head_dim;
+                Some((
+                    get(&n("attn_q_norm.weight"), &[hd])?,
+                    get(&n("attn_k_norm.weight"), &[hd])?,
+                ))
+            } else {
+                None
+            };
+            let post_norms = if config.gemma.is_some() {
+                Some((
+                    get(&n("post_attention_norm.weight"), &[d])?,
+                    get(&n("post_ffw_norm.weight"), &[d])?,
+                ))
+            } else {
+                None
+            };
             layers.push(Layer {
                 attn_norm: get(&n("attn_norm.weight"), &[d])?,
                 qkv,
                 bqkv,
+                qk_norm,
                 wo: weight(&n("attn_output.weight"), &[d, qd])?,
                 ffn_norm: get(&n("ffn_norm.weight"), &[d])?,
                 gate_up,
                 w_down: weight(&n("ffn_down.weight"), &[d, config.ffn_dim])?,
+                post_norms,
             });
         }
         let vocab = [config.vocab_size, d];
@@ -466,13 +420,37 @@ impl Llama {
             }
             None => Embedding::Dense(get("token_embd.weight", &vocab)?),
         };
-        let lm_head = match (f.tensor_info("output.weight"), &embed) {
+        // Gemma 2's output is always the embedding (llama.cpp ignores an
+        // output.weight there)
+        let output = f
+            .tensor_info("output.weight")
+            .filter(|_| config.architecture != "gemma2");
+        let lm_head = match (output, &embed) {
             (Some(_), _) => weight("output.weight", &vocab)?,
             (None, Embedding::Dense(t)) => Weight::Dense(t.clone()),
             (None, Embedding::Quant(q)) => Weight::Quant(q.clone()),
         };
+        let rope_freqs = match f.tensor_info("rope_freqs.weight") {
+            None => None,
+            Some(_) => {
+                let half = config.head_dim / 2;
+                let (shape, values) = f.dequantize("rope_freqs.weight")?;
+                if shape != [half] {
+                    return Err(bad_shape("rope_freqs.weight", &shape, &[half]));
+                }
+                if let Some(v) = values.iter().find(|v| !(v.is_finite() && **v > 0.0)) {
+                    return Err(Error::Format {
+                        path: f.path().to_path_buf(),
+                        offset: info("rope_freqs.weight")?.offset,
+                        msg: format!("rope_freqs.weight holds {v}, expected positive factors"),
+                    });
+                }
+                Some(values)
+            }
+        };
         Ok(Self {
             out_norm: get("output_norm.weight", &[d])?,
+            rope_freqs,
             config,
             device: device.clone(),
             dtype,
@@ -496,6 +474,7 @@ impl Llama {
             kv: Vec::new(),
             cos: None,
             sin: None,
+            local: None,
             capacity: 0,
             len: 0,
         }
@@ -526,17 +505,24 @@ impl Llama {
     fn rope_tables(&self, n: usize) -> Result<(Tensor, Tensor)> {
         let c = &self.config;
         let half = c.head_dim / 2;
-        let mut cos = Vec::with_capacity(n * half);
-        let mut sin = Vec::with_capacity(n * half);
-        for p in 0..n {
-            let pos = p as f64 / c.rope_linear_factor;
-            for i in 0..half {
-                let freq = c.rope_theta.powf(-(2.0 * i as f64) / c.head_dim as f64);
-                let (s, co) = (pos * freq).sin_cos();
-                cos.push(co as f32);
-                sin.push(s as f32);
-            }
-        }
+        let (cos, sin) = rope_angles(
+            n,
+            c.head_dim,
+            c.rope_theta,
+            self.rope_freqs.as_deref(),
+            &c.rope_scaling,
+        );
+        let mk = |v: Vec<f32>| -> Result<Tensor> {
+            Ok(Tensor::from_vec(v, &[n, half], &Device::cpu())?.to_device(&self.device)?)
+        };
+        Ok((mk(cos)?, mk(sin)?))
+    }
+
+    /// The tables of [`Llama::rope_tables`] for Gemma's local layers: base
+    /// `theta`, no scaling.
+    fn local_rope_tables(&self, n: usize, theta: f64) -> Result<(Tensor, Tensor)> {
+        let half = self.config.head_dim / 2;
+        let (cos, sin) = rope_angles(n, self.config.head_dim, theta, None, &RopeScaling::None);
         let mk = |v: Vec<f32>| -> Result<Tensor> {
             Ok(Tensor::from_vec(v, &[n, half], &Device::cpu())?.to_device(&self.device)?)
         };
@@ -567,10 +553,17 @@ impl Llama {
             });
         }
         let (cos, sin) = self.rope_tables(capacity)?;
+        let local = match &c.gemma {
+            Some(g) if g.local_layers.contains(&true) => {
+                Some(self.local_rope_tables(capacity, g.rope_theta_local)?)
+            }
+            _ => None,
+        };
         *cache = KvCache {
             kv,
             cos: Some(cos),
             sin: Some(sin),
+            local,
             capacity,
             len: cache.len,
         };
@@ -640,24 +633,61 @@ impl Llama {
             Embedding::Dense(t) => t.index_select(0, &ids_t)?,
             Embedding::Quant(q) => q.embedding(&ids_t, self.dtype)?,
         }; // [t, d]
+        if c.gemma.is_some() {
+            x = x.mul_scalar((c.d_model as f32).sqrt())?;
+        }
+        let local_tables = match &cache.local {
+            Some((cos, sin)) => Some((cos.narrow(0, start, t)?, sin.narrow(0, start, t)?)),
+            None => None,
+        };
+        // Gemma's attention masks [t, keys], made once per step for all
+        // layers of a kind: (global, local)
+        let mut masks: (Option<Tensor>, Option<Tensor>) = (None, None);
         let eps = c.rms_eps as f32;
-        let scale = AttentionOpts::causal(hd).scale;
+        let scale = c.attention_scale;
         for (li, l) in self.layers.iter().enumerate() {
             // [t, query heads, then key heads, then value heads, hd]
             let qkv = l
                 .qkv
                 .apply(&x, (&l.attn_norm, eps), l.bqkv.as_ref())?
                 .reshape(&[t, h + 2 * kvh, hd])?;
+            let qkv = match &l.qk_norm {
+                Some((qn, kn)) => qkv.head_norm(qn, kn, h, kvh, eps)?,
+                None => qkv,
+            };
             // rotates the queries and keys, writes the keys and values at
             // `start..total` (rows past `len` are not part of the cache
             // until the step succeeds) and attends over `0..total`
             let rope = (&cos, &sin, c.rope_style);
-            let att = qkv
-                .cached_attention(&mut cache.kv[li], start, rope, h, scale)?
-                .reshape(&[t, h * hd])?;
-            x = l.wo.add_to(&att, &x)?;
-            let act = l.gate_up.swiglu(&x, (&l.ffn_norm, eps))?; // [t, ffn]
-            x = l.w_down.add_to(&act, &x)?;
+            let att = match &c.gemma {
+                None => qkv.cached_attention(&mut cache.kv[li], start, rope, h, scale)?,
+                Some(g) => {
+                    let window = g.window(li);
+                    let rope = match (&local_tables, window) {
+                        (Some((lc, ls)), Some(_)) => (lc, ls, c.rope_style),
+                        _ => rope,
+                    };
+                    let mask = if window.is_some() {
+                        &mut masks.1
+                    } else {
+                        &mut masks.0
+                    };
+                    self.gemma_attention(g, window, &qkv, &mut cache.kv[li], start, rope, mask)?
+                }
+            }
+            .reshape(&[t, h * hd])?;
+            match &l.post_norms {
+                None => {
+                    x = l.wo.add_to(&att, &x)?;
+                    let act = l.gate_up.swiglu(&x, (&l.ffn_norm, eps))?; // [t, ffn]
+                    x = l.w_down.add_to(&act, &x)?;
+                }
+                Some((post_attn, post_ffn)) => {
+                    x = l.wo.apply(&att)?.rms_norm(post_attn, eps)?.add(&x)?;
+                    let act = l.gate_up.geglu(&x, (&l.ffn_norm, eps))?; // [t, ffn]
+                    x = l.w_down.apply(&act)?.rms_norm(post_ffn, eps)?.add(&x)?;
+                }
+            }
         }
         cache.len = total;
         let x = if last_only { x.narrow(0, t - 1, 1)? } else { x };
@@ -666,6 +696,66 @@ impl Llama {
             ..QFuse::default()
         };
         // logits leave in f32 whatever the compute dtype: sampling reads them on the host
-        Ok(self.lm_head.fused(&x, fuse)?.to_dtype(DType::F32)?)
+        let logits = self.lm_head.fused(&x, fuse)?.to_dtype(DType::F32)?;
+        match c.gemma.as_ref().and_then(|g| g.final_softcap) {
+            Some(cap) => Ok(logits.div_scalar(cap)?.tanh()?.mul_scalar(cap)?),
+            None => Ok(logits),
+        }
+    }
+
+    /// Gemma's attention step of one layer (`window`: its sliding window,
+    /// if local): as [`Tensor::cached_attention`] where neither a window
+    /// nor soft-capping changes anything (the window covers every key),
+    /// else composed: the rotation, the cache write, then attention over
+    /// the keys in reach, with `mask` (`[t, keys]`, made on first use and
+    /// kept for the step's other layers of the same kind) where several
+    /// queries see different keys.
+    #[allow(clippy::too_many_arguments)]
+    fn gemma_attention(
+        &self,
+        g: &GemmaConfig,
+        window: Option<usize>,
+        qkv: &Tensor,
+        cache: &mut Tensor,
+        start: usize,
+        (cos, sin, style): (&Tensor, &Tensor, RopeStyle),
+        mask: &mut Option<Tensor>,
+    ) -> Result<Tensor> {
+        let c = &self.config;
+        let (h, kvh) = (c.n_heads, c.n_kv_heads);
+        let t = qkv.shape()[0];
+        let total = start + t;
+        // some key falls out of some query's window
+        let cut = window.is_some_and(|w| total > w);
+        if g.attn_softcap.is_none() && !cut {
+            let rope = (cos, sin, style);
+            return Ok(qkv.cached_attention(cache, start, rope, h, c.attention_scale)?);
+        }
+        let rotated = qkv.rope_heads(cos, sin, style, h + kvh)?;
+        cache.slice_assign(start, &rotated.narrow(1, h, 2 * kvh)?)?;
+        let q = rotated.narrow(1, 0, h)?;
+        // the first key any of the queries sees
+        let lo = window.map_or(0, |w| (start + 1).saturating_sub(w));
+        let keys = cache.narrow(0, lo, total - lo)?;
+        let (k, v) = (keys.narrow(1, 0, kvh)?, keys.narrow(1, kvh, kvh)?);
+        let softcap = g.attn_softcap;
+        // one query sees every key from lo on; several need a mask (causal
+        // and the window's band for soft-capping, the band alone for the
+        // attention op, which is causal itself)
+        if t > 1 && (cut || softcap.is_some()) && mask.is_none() {
+            *mask = Some(gemma::attention_mask(
+                start..total,
+                lo..total,
+                window,
+                softcap.is_some(),
+                self.dtype,
+                &self.device,
+            )?);
+        }
+        let m = if t > 1 { mask.as_ref() } else { None };
+        Ok(match softcap {
+            Some(cap) => gemma::softcapped_attention(&q, &k, &v, m, c.attention_scale, cap)?,
+            None => gemma::windowed_attention(&q, &k, &v, m, c.attention_scale)?,
+        })
     }
 }
