@@ -127,7 +127,7 @@ impl Shape {
 
 /// The shapes `--synthetic` knows: real models' (from their
 /// `config.json`), then the tiny ones of the architecture tests.
-const SHAPES: [Shape; 10] = [
+const SHAPES: [Shape; 11] = [
     Shape::real(
         "smollm2-135m",
         [576, 30, 9, 3, 1536],
@@ -185,6 +185,26 @@ const SHAPES: [Shape; 10] = [
     },
     // Qwen3: heads of 32 on a width of 64 split four ways, and head norms
     Shape::tiny("tiny-qwen3", "qwen3", 32),
+    // Gemma 3 270M: 18 layers of 640, 4 heads of 256 over one KV head, 5
+    // of every 6 layers local with a window of 512
+    Shape {
+        arch: "gemma3",
+        head_dim: 256,
+        rms_eps: 1e-6,
+        gemma: Some(GemmaShape {
+            sliding_window: 512,
+            pattern: 6,
+            softcaps: None,
+        }),
+        ..Shape::real(
+            "gemma3-270m",
+            [640, 18, 4, 1, 2048],
+            262_144,
+            32_768,
+            1e6,
+            true,
+        )
+    },
     // Gemma 3: layers 0 and 1 local (a window of 8, base 10,000), layer 2
     // global; heads of 256 as in the real models, head norms, post-norms,
     // GeGLU, tied output
