@@ -1,7 +1,6 @@
 //! `silica generate`: text generation with a Llama-family model (by
 //! default the built-in SmolLM2-135M-Instruct), streamed as it is produced.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -149,26 +148,8 @@ pub fn parse_dtype(s: &str) -> Result<DType, CliError> {
 
 /// The prompt of `--file` ("-": standard input), one final line end dropped.
 fn read_prompt(path: &Path) -> Result<String, CliError> {
-    let (name, bytes) = if path == Path::new("-") {
-        let mut bytes = Vec::new();
-        std::io::stdin()
-            .lock()
-            .read_to_end(&mut bytes)
-            .map_err(|e| CliError::msg(format!("standard input: {e}")))?;
-        ("standard input".to_string(), bytes)
-    } else {
-        let bytes =
-            std::fs::read(path).map_err(|e| CliError::msg(format!("{}: {e}", path.display())))?;
-        (path.display().to_string(), bytes)
-    };
-    let bytes = bytes.strip_prefix(b"\xef\xbb\xbf").unwrap_or(&bytes);
-    let text = std::str::from_utf8(bytes).map_err(|e| {
-        CliError::msg(format!(
-            "{name}: not valid UTF-8 (at byte {})",
-            e.valid_up_to()
-        ))
-    })?;
-    let text = text.strip_suffix('\n').unwrap_or(text);
+    let text = crate::read_text_file(path)?;
+    let text = text.strip_suffix('\n').unwrap_or(&text);
     Ok(text.strip_suffix('\r').unwrap_or(text).to_string())
 }
 

@@ -148,6 +148,31 @@ fn clap_message(rendered: &str) -> String {
     msg
 }
 
+/// The UTF-8 text of `path` ("-": standard input), a byte-order mark
+/// dropped; errors name the file.
+pub fn read_text_file(path: &std::path::Path) -> Result<String, CliError> {
+    use std::io::Read;
+    let (name, bytes) = if path == std::path::Path::new("-") {
+        let mut bytes = Vec::new();
+        std::io::stdin()
+            .lock()
+            .read_to_end(&mut bytes)
+            .map_err(|e| CliError::msg(format!("standard input: {e}")))?;
+        ("standard input".to_string(), bytes)
+    } else {
+        let bytes =
+            std::fs::read(path).map_err(|e| CliError::msg(format!("{}: {e}", path.display())))?;
+        (path.display().to_string(), bytes)
+    };
+    let bytes = bytes.strip_prefix(b"\xef\xbb\xbf").unwrap_or(&bytes);
+    String::from_utf8(bytes.to_vec()).map_err(|e| {
+        CliError::msg(format!(
+            "{name}: not valid UTF-8 (at byte {})",
+            e.utf8_error().valid_up_to()
+        ))
+    })
+}
+
 /// The device `--device SEL` names, else the one `SILICA_DEVICE` names (its
 /// errors say so), else the best GPU, else the CPU.
 pub fn open_device(selector: Option<&str>) -> Result<silica::Device, CliError> {

@@ -4,7 +4,6 @@
 //! llama.cpp's `llama-perplexity --kl-divergence` reports it. The
 //! computation is `silica_models::perplexity`.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -82,28 +81,15 @@ fn parse_positive(s: &str) -> Result<usize, String> {
     }
 }
 
-/// The text of `path` ("-": standard input), a UTF-8 byte-order mark dropped.
+/// The text of `path` ("-": standard input), which must not be blank.
 fn read_text(path: &Path) -> Result<String, CliError> {
-    let (name, bytes) = if path == Path::new("-") {
-        let mut bytes = Vec::new();
-        std::io::stdin()
-            .lock()
-            .read_to_end(&mut bytes)
-            .map_err(|e| CliError::msg(format!("standard input: {e}")))?;
-        ("standard input".to_string(), bytes)
-    } else {
-        let bytes =
-            std::fs::read(path).map_err(|e| CliError::msg(format!("{}: {e}", path.display())))?;
-        (path.display().to_string(), bytes)
-    };
-    let bytes = bytes.strip_prefix(b"\xef\xbb\xbf").unwrap_or(&bytes);
-    let text = String::from_utf8(bytes.to_vec()).map_err(|e| {
-        CliError::msg(format!(
-            "{name}: not valid UTF-8 (at byte {})",
-            e.utf8_error().valid_up_to()
-        ))
-    })?;
+    let text = crate::read_text_file(path)?;
     if text.trim().is_empty() {
+        let name = if path == Path::new("-") {
+            "standard input".to_string()
+        } else {
+            path.display().to_string()
+        };
         return Err(CliError::msg(format!("{name}: the text is empty")));
     }
     Ok(text)
