@@ -181,22 +181,24 @@ fn register(kernel: &WgslKernel, inputs: usize, outputs: usize) -> Result<&'stat
         .lock()
         .unwrap_or_else(|e| e.into_inner());
     let same = |s: &str| std::ptr::eq(s, kernel.source) || s == kernel.source;
+    let clash = || Error::InvalidArgument {
+        op: kernel.name,
+        msg: format!(
+            "another custom kernel named {:?} was registered with a different source: \
+             custom kernel names must be unique",
+            kernel.name
+        ),
+    };
+    let key = (kernel.name, inputs, outputs);
+    // the common case, a kernel dispatched before: one lookup
+    if let Some(&(source, k)) = map.get(&key) {
+        return if same(source) { Ok(k) } else { Err(clash()) };
+    }
     if map
         .iter()
         .any(|((n, ..), (s, _))| *n == kernel.name && !same(s))
     {
-        return Err(Error::InvalidArgument {
-            op: kernel.name,
-            msg: format!(
-                "another custom kernel named {:?} was registered with a different source: \
-                 custom kernel names must be unique",
-                kernel.name
-            ),
-        });
-    }
-    let key = (kernel.name, inputs, outputs);
-    if let Some(&(_, k)) = map.get(&key) {
-        return Ok(k);
+        return Err(clash());
     }
     let name: &'static str =
         Box::leak(format!("custom/{}/{inputs}/{outputs}", kernel.name).into_boxed_str());

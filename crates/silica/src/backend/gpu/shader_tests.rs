@@ -53,10 +53,37 @@ pub(super) fn specialize<'a>(
     .unwrap_or_else(|e| panic!("{what}: overrides: {e}"))
 }
 
+/// `module` translated to MSL and to SPIR-V as a device would build it:
+/// the MSL source and the SPIR-V words, checked to be a kernel and SPIR-V.
+fn translate(
+    module: &naga::Module,
+    info: &naga::valid::ModuleInfo,
+    what: &str,
+) -> (String, Vec<u32>) {
+    use naga::back::{msl, spv};
+    let msl_options = msl::Options {
+        lang_version: (2, 4),
+        ..Default::default()
+    };
+    let msl_pipeline = msl::PipelineOptions {
+        entry_point: Some((naga::ShaderStage::Compute, "main".into())),
+        ..Default::default()
+    };
+    let (msl_src, _) = msl::write_string(module, info, &msl_options, &msl_pipeline)
+        .unwrap_or_else(|e| panic!("{what}: MSL: {e}"));
+    assert!(msl_src.contains("kernel void"), "{what}: no MSL kernel");
+    let spv_pipeline = spv::PipelineOptions {
+        shader_stage: naga::ShaderStage::Compute,
+        entry_point: "main".into(),
+    };
+    let words = spv::write_vec(module, info, &spv::Options::default(), Some(&spv_pipeline))
+        .unwrap_or_else(|e| panic!("{what}: SPIR-V: {e}"));
+    assert_eq!(words[0], 0x0723_0203, "{what}: not SPIR-V");
+    (msl_src, words)
+}
+
 #[test]
 fn every_kernel_translates_to_msl_and_spirv() {
-    use naga::back::{msl, spv};
-
     let mut parsed = std::collections::HashMap::new();
     let mut count = 0;
     for (kernel, constants) in all() {
@@ -89,17 +116,7 @@ fn every_kernel_translates_to_msl_and_spirv() {
                 kernel.name
             );
             let (m, i) = specialize(module, info, &constants, &what);
-            let msl_options = msl::Options {
-                lang_version: (2, 4),
-                ..Default::default()
-            };
-            let msl_pipeline = msl::PipelineOptions {
-                entry_point: Some((naga::ShaderStage::Compute, "main".into())),
-                ..Default::default()
-            };
-            let (msl_src, _) = msl::write_string(&m, &i, &msl_options, &msl_pipeline)
-                .unwrap_or_else(|e| panic!("{what}: MSL: {e}"));
-            assert!(msl_src.contains("kernel void"), "{what}: no MSL kernel");
+            let (msl_src, words) = translate(&m, &i, &what);
             if kernel.name == "matmul_coop8" {
                 // Metal's one shape of simdgroup matrix, with half operands
                 // loaded through pointers to halves
@@ -121,13 +138,6 @@ fn every_kernel_translates_to_msl_and_spirv() {
             if let Ok(dir) = std::env::var("SILICA_DUMP_MSL") {
                 std::fs::write(format!("{dir}/{}.metal", kernel.name), &msl_src).unwrap();
             }
-            let spv_pipeline = spv::PipelineOptions {
-                shader_stage: naga::ShaderStage::Compute,
-                entry_point: "main".into(),
-            };
-            let words = spv::write_vec(&m, &i, &spv::Options::default(), Some(&spv_pipeline))
-                .unwrap_or_else(|e| panic!("{what}: SPIR-V: {e}"));
-            assert_eq!(words[0], 0x0723_0203, "{what}: not SPIR-V");
             // SILICA_DUMP_SPIRV=DIR keeps each kernel's SPIR-V (its last
             // specialization), for spirv-dis
             if let Ok(dir) = std::env::var("SILICA_DUMP_SPIRV") {
@@ -159,7 +169,6 @@ fn the_kernels_parsed_ahead_are_every_kernel() {
 /// kernels do.
 #[test]
 fn custom_op_kernels_translate_to_msl_and_spirv() {
-    use naga::back::{msl, spv};
     use naga::valid::{Capabilities, ValidationFlags, Validator};
     let sources = [
         ("head_norm", include_str!("kernels/head_norm.wgsl")),
@@ -174,28 +183,6 @@ fn custom_op_kernels_translate_to_msl_and_spirv() {
         let info = Validator::new(ValidationFlags::all(), Capabilities::all())
             .validate(&module)
             .unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(source)));
-        let msl_options = msl::Options {
-            lang_version: (2, 4),
-            ..Default::default()
-        };
-        let msl_pipeline = msl::PipelineOptions {
-            entry_point: Some((naga::ShaderStage::Compute, "main".into())),
-            ..Default::default()
-        };
-        let (msl_src, _) = msl::write_string(&module, &info, &msl_options, &msl_pipeline)
-            .unwrap_or_else(|e| panic!("{name}: MSL: {e}"));
-        assert!(msl_src.contains("kernel void"), "{name}: no MSL kernel");
-        let spv_pipeline = spv::PipelineOptions {
-            shader_stage: naga::ShaderStage::Compute,
-            entry_point: "main".into(),
-        };
-        let words = spv::write_vec(
-            &module,
-            &info,
-            &spv::Options::default(),
-            Some(&spv_pipeline),
-        )
-        .unwrap_or_else(|e| panic!("{name}: SPIR-V: {e}"));
-        assert_eq!(words[0], 0x0723_0203, "{name}: not SPIR-V");
+        translate(&module, &info, name);
     }
 }
