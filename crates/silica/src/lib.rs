@@ -18,6 +18,7 @@
 //! # Ok::<(), silica::Error>(())
 //! ```
 
+pub mod autograd;
 pub mod backend;
 pub mod config;
 pub mod custom;

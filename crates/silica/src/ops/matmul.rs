@@ -67,11 +67,12 @@ impl Tensor {
         let mut out_shape = batch;
         out_shape.extend([m, n]);
         let mut out = run(Op::Matmul, &[&a, &b], out_shape, self.dtype())?;
-        if rhs.rank() == 1 {
-            out = out.squeeze(-1)?;
-        }
+        // the row first: with two vectors, [1, 1] becomes [1], then a scalar
         if self.rank() == 1 {
             out = out.squeeze(-2)?;
+        }
+        if rhs.rank() == 1 {
+            out = out.squeeze(-1)?;
         }
         Ok(out)
     }

@@ -48,12 +48,20 @@ pub fn index_select(src: &Tensor, idx: &Tensor, axis: usize) -> Result<CpuStorag
             size: n,
         });
     }
-    let data = host(src).gather(src.layout());
-    Ok(map_cpu!(&data, v => {
+    // a contiguous source is read where it is (a gather of a few rows of a
+    // large table must not copy the table)
+    let gathered;
+    let (data, base) = if src.is_contiguous() {
+        (host(src), src.layout().offset())
+    } else {
+        gathered = host(src).gather(src.layout());
+        (&gathered, 0)
+    };
+    Ok(map_cpu!(data, v => {
         let mut out = Vec::with_capacity(outer * ids.len() * inner);
         for o in 0..outer {
             for &i in &ids {
-                let start = (o * n + i as usize) * inner;
+                let start = base + (o * n + i as usize) * inner;
                 out.extend_from_slice(&v[start..start + inner]);
             }
         }
