@@ -151,6 +151,21 @@ def gguf_models(rng):
                ("gemma3.rope.freq_base_swa", F32, 10000.0),
                ("gemma3.final_logit_softcapping", F32, 30.0)]
     seeds["gemma3_window"] = gguf(gemma3, small[2:] + norms)
+    # Phi-3: stacked Q/K/V and gate/up, LongRoPE factors and attention
+    # factor, 12 of each head's 16 dimensions rotating, a window
+    phi3 = [(k.replace("llama", "phi3"), t, "phi3" if v == "llama" else v)
+            for k, t, v in LLAMA_META if not k.endswith("dimension_count")]
+    phi3 += [("phi3.rope.dimension_count", U32, 12),
+             ("phi3.rope.scaling.original_context_length", U32, 32),
+             ("phi3.rope.scaling.attn_factor", F32, 1.19),
+             ("phi3.attention.sliding_window", U32, 2047)]
+    phi3_tensors = [
+        ("blk.0.attn_qkv.weight", [64, 128], 8, tensor_data(rng, [64, 128], 8)),
+        ("blk.0.ffn_up.weight", [64, 256], 8, tensor_data(rng, [64, 256], 8)),
+        ("rope_factors_long.weight", [6], 0, tensor_data(rng, [6], 0)),
+        ("rope_factors_short.weight", [6], 0, tensor_data(rng, [6], 0)),
+    ]
+    seeds["phi3_longrope"] = gguf(phi3, small[:1] + phi3_tensors + small[2:])
     seeds["alignment_64"] = gguf(LLAMA_META + [("general.alignment", U32, 64)],
                                  small, alignment=64)
     seeds["all_value_types"] = gguf([

@@ -2,11 +2,12 @@
 """Golden logits of the tiny architecture models, from llama.cpp.
 
 For each `silica quantize --synthetic tiny-*` shape (Llama 3.1 frequency
-factors, YaRN scaling, Qwen3, Gemma 3, Gemma 2), writes the model as F32
-with the silica binary, runs llama.cpp on it through llama-cpp-python (CPU,
-f32 weights and KV cache, every position's logits, the 48 tokens in one
-batch), and stores under crates/silica-cli/tests/golden/ a text file
-`arch_<shape>.txt`:
+factors, YaRN scaling, Qwen3, Gemma 3, Gemma 2, Phi-3 with LongRoPE's long
+factors, Phi-4-mini's partial rotation with the short factors), writes the
+model as F32 with the silica binary, runs llama.cpp on it through
+llama-cpp-python (CPU, f32 weights and KV cache, every position's logits, the
+48 tokens in one batch), and stores under crates/silica-cli/tests/golden/ a
+text file `arch_<shape>.txt`:
 
     shape <name>
     tokens <ids>
@@ -19,7 +20,14 @@ device, so CI needs no llama.cpp.
 
 Needs: llama-cpp-python built from source, e.g.
     CMAKE_ARGS="-DGGML_NATIVE=ON" pip install --no-binary llama-cpp-python llama-cpp-python==0.3.36
-Usage: python3 scripts/arch_golden.py [path/to/silica]   (default target/release/silica)
+Usage: python3 scripts/arch_golden.py [path/to/silica [SHAPE...]]
+    (default target/release/silica and every shape; naming shapes rewrites
+    only their files)
+
+The context is 256 positions: more than tiny-phi3's original context of 32
+(llama.cpp picks the long LongRoPE factors, as silica does for a model whose
+context exceeds the original one) and no more than tiny-phi4's of 256 (the
+short factors).
 """
 
 import subprocess
@@ -32,7 +40,8 @@ import llama_cpp
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "crates" / "silica-cli" / "tests" / "golden"
-SHAPES = ["tiny-llama3", "tiny-yarn", "tiny-qwen3", "tiny-gemma3", "tiny-gemma2"]
+SHAPES = ["tiny-llama3", "tiny-yarn", "tiny-qwen3", "tiny-gemma3", "tiny-gemma2",
+          "tiny-phi3", "tiny-phi4"]
 # BOS, then 47 ordinary tokens of the made-up vocabulary
 TOKENS = [1] + [259 + (7 * i) % 250 for i in range(47)]
 POSITIONS = [0, 5, 17, 31, 47]
@@ -41,9 +50,13 @@ GGML_TYPE_F32 = 0
 
 def main():
     silica = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "target" / "release" / "silica"
+    shapes = sys.argv[2:] or SHAPES
+    unknown = [s for s in shapes if s not in SHAPES]
+    if unknown:
+        sys.exit(f"unknown shapes {unknown} (known: {' '.join(SHAPES)})")
     GOLDEN.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        for shape in SHAPES:
+        for shape in shapes:
             path = Path(tmp) / f"{shape}.gguf"
             subprocess.run(
                 [str(silica), "quantize", "--synthetic", shape, str(path), "--type", "f32"],

@@ -38,5 +38,9 @@ fuzz_target!(|data: &[u8]| {
         // is one the attention kernels take
         assert!(config.head_dim > 0 && config.head_dim % 2 == 0 && config.head_dim <= 256);
         assert_eq!(config.n_heads % config.n_kv_heads, 0);
+        // Phi-3's rotated part of a head is a whole number of pairs within it
+        if let Some(p) = &config.phi3 {
+            assert!(p.rope_dim > 0 && p.rope_dim % 2 == 0 && p.rope_dim <= config.head_dim);
+        }
     }
 });

@@ -4,7 +4,7 @@
 //! `.jsonl`.
 
 use std::fmt::Write as _;
-use std::io::{self, IsTerminal, Read, Write};
+use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -12,6 +12,7 @@ use silica::DType;
 use silica_models::bert::{SentenceEncoder, cosine};
 use silica_models::resolve::{DEFAULT_ENCODER, resolve_encoder};
 
+use crate::progress::Progress;
 use crate::{CliError, emit};
 
 /// Up to this many sentences, the full similarity matrix is printed.
@@ -115,7 +116,7 @@ pub fn run(args: &EmbedArgs) -> Result<(), CliError> {
 
     let start = Instant::now();
     let texts: Vec<&str> = sentences.iter().map(String::as_str).collect();
-    let mut progress = Progress::new(texts.len(), args.batch_size);
+    let mut progress = Progress::new(texts.len(), args.batch_size, "embedded", "sentences");
     let vectors =
         encoder.embed_with_progress(&texts, |done, total| progress.update(done, total))?;
     progress.finish();
@@ -178,50 +179,6 @@ fn read_lines(path: &Path) -> Result<Vec<String>, CliError> {
         }
     }
     Ok(lines)
-}
-
-/// A counter line on stderr for inputs of more than one batch: rewritten in
-/// place on a terminal, else one line per tenth.
-struct Progress {
-    active: bool,
-    terminal: bool,
-    last_tenth: usize,
-    start: Instant,
-}
-
-impl Progress {
-    fn new(total: usize, batch_size: usize) -> Progress {
-        Progress {
-            active: total > batch_size,
-            terminal: io::stderr().is_terminal(),
-            last_tenth: 0,
-            start: Instant::now(),
-        }
-    }
-
-    fn update(&mut self, done: usize, total: usize) {
-        if !self.active {
-            return;
-        }
-        let rate = done as f64 / self.start.elapsed().as_secs_f64().max(1e-9);
-        let line = format!("embedded {done}/{total} sentences ({rate:.0}/s)");
-        if self.terminal {
-            eprint!("\r{line}");
-        } else {
-            let tenth = done * 10 / total.max(1);
-            if tenth > self.last_tenth || done == total {
-                self.last_tenth = tenth;
-                eprintln!("{line}");
-            }
-        }
-        let _ = io::stderr().flush();
-    }
-
-    fn finish(&self) {
-        if self.active && self.terminal {
-            eprintln!();
-        }
-    }
 }
 
 /// The similarity matrix for a few sentences, else the most similar pairs.

@@ -13,13 +13,17 @@
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+mod activations;
 mod bench;
 mod devices;
 mod embed;
 mod generate;
 mod models;
 mod perplexity;
+mod probe;
+mod progress;
 mod quantize;
+mod serve;
 
 use std::io::{self, IsTerminal, Write};
 use std::panic::{self, AssertUnwindSafe};
@@ -37,6 +41,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Capture the hidden states of chosen layers for many prompts, pooled
+    /// per prompt, into a safetensors or .npy file (for probes).
+    Activations(activations::ActivationsArgs),
     /// Time the transformer kernels on fixed shapes (see BENCHMARKS.md).
     Bench(bench::BenchArgs),
     /// List the CPU and every GPU adapter, and mark the default device.
@@ -52,6 +59,13 @@ enum Command {
     /// Perplexity of a Llama-family model over a text, and (--save-logits,
     /// --kl-base) KL divergence and top-1 agreement against saved logits.
     Perplexity(perplexity::PerplexityArgs),
+    /// Train linear probes on captured activations (train), and read text
+    /// through them (run).
+    Probe(probe::ProbeArgs),
+    /// Serve a model over an OpenAI-compatible HTTP API (chat and text
+    /// completions, streamed or not, and embeddings), many requests decoded
+    /// together.
+    Serve(serve::ServeArgs),
     /// Convert a GGUF model to q8_0, q4_0, q4_1, q4_k, f16 or f32, or write a
     /// random-weight Llama-shaped model (--synthetic) for speed tests.
     Quantize(quantize::QuantizeArgs),
@@ -188,13 +202,16 @@ pub fn open_device(selector: Option<&str>) -> Result<silica::Device, CliError> {
 
 fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
+        Command::Activations(args) => activations::run(&args),
         Command::Bench(args) => bench::run(&args),
         Command::Devices(args) => devices::run(&args),
         Command::Embed(args) => embed::run(&args),
         Command::Models(args) => models::run(&args),
         Command::Generate(args) => generate::run(&args),
         Command::Perplexity(args) => perplexity::run(&args),
+        Command::Probe(args) => probe::run(&args),
         Command::Quantize(args) => quantize::run(&args),
+        Command::Serve(args) => serve::run(&args),
     }
 }
 

@@ -1,5 +1,6 @@
 //! The architecture variants silica decodes (Llama 3.1's rotary frequency
-//! factors, YaRN scaling, Qwen3's head norms and head size) against
+//! factors, YaRN scaling, Qwen3's head norms and head size, Gemma 2 and 3,
+//! Phi-3's stacked tensors, LongRoPE and partial rotation) against
 //! llama.cpp: each tiny model is written by `silica quantize --synthetic`
 //! exactly as `scripts/arch_golden.py` wrote it for llama.cpp, and silica's
 //! logits on the CPU and on every GPU adapter must match the golden ones.
@@ -68,11 +69,20 @@ fn goldens() -> Vec<Golden> {
 
 /// Writes the tiny model `shape` as the script did.
 fn write_model(shape: &str) -> PathBuf {
-    let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("arch_{shape}.gguf"));
+    write_model_as(shape, "f32")
+}
+
+/// Writes the tiny model `shape` with weights of type `ty`.
+fn write_model_as(shape: &str, ty: &str) -> PathBuf {
+    let name = match ty {
+        "f32" => format!("arch_{shape}.gguf"),
+        _ => format!("arch_{shape}_{ty}.gguf"),
+    };
+    let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
     let out = Command::new(env!("CARGO_BIN_EXE_silica"))
         .args(["quantize", "--synthetic", shape])
         .arg(&path)
-        .args(["--type", "f32"])
+        .args(["--type", ty])
         .output()
         .expect("the silica binary runs");
     assert!(
@@ -174,6 +184,41 @@ fn tiny_architectures_match_llama_cpp_on_every_device() {
                     "{what}, position {p}: top token {best}, llama.cpp's {want} (behind by {lead})"
                 );
             }
+        }
+    }
+}
+
+/// Phi-3's stacked Q/K/V rows, reordered at load for a partial rotation,
+/// move as whole rows of blocks when they stay quantized: the quantized
+/// model's logits are those of the same file decoded at load (the path the
+/// goldens check), the CPU's products exact.
+#[test]
+fn quantized_phi_rows_match_their_decoded_copy() {
+    use silica_models::gguf::GgufFile;
+    use silica_models::llama::LoadOptions;
+    silica::set_cpu_int8_activations(false);
+    let tokens: Vec<u32> = (0..20).map(|i| 259 + 7 * i).collect();
+    for shape in ["tiny-phi3", "tiny-phi4"] {
+        let f = GgufFile::open(write_model_as(shape, "q8_0")).expect("the model opens");
+        for dev in devices() {
+            let logits = |dequantize| {
+                let opts = LoadOptions {
+                    dtype: DType::F32,
+                    dequantize,
+                };
+                let model = Llama::load_with(&f, &dev, opts).expect("the model loads");
+                logits_in_pieces(&model, &tokens, &[12, 1, 7])
+            };
+            let (quant, dense) = (logits(false), logits(true));
+            let worst = quant
+                .iter()
+                .zip(&dense)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0f32, f32::max);
+            assert!(
+                worst < 1e-3,
+                "{shape} on {dev}: quantized and decoded logits differ by {worst}"
+            );
         }
     }
 }
@@ -421,6 +466,106 @@ fn bad_architecture_metadata_is_a_clear_error() {
                 None,
             ),
             "gemma2.rope.freq_base_swa is 0",
+        ),
+        (
+            "LongRoPE factors of the wrong length",
+            variant(
+                "tiny-phi3",
+                "phi_long_len",
+                &[],
+                Some(("rope_factors_long.weight", Some(vec![1.0; 5]))),
+            ),
+            "rope_factors_long.weight has shape [5], expected [8]",
+        ),
+        (
+            "a zero LongRoPE factor among those not used",
+            variant(
+                "tiny-phi3",
+                "phi_short_zero",
+                &[],
+                Some(("rope_factors_short.weight", Some(vec![0.0; 8]))),
+            ),
+            "rope_factors_short.weight holds 0",
+        ),
+        (
+            "long LongRoPE factors without the short ones",
+            variant(
+                "tiny-phi3",
+                "phi_no_short",
+                &[],
+                Some(("rope_factors_short.weight", None)),
+            ),
+            "tensor 'rope_factors_short.weight' (the file has rope_factors_long.weight)",
+        ),
+        (
+            "an odd rotary dimension",
+            variant(
+                "tiny-phi4",
+                "phi_rope_odd",
+                &[("phi3.rope.dimension_count", u(11))],
+                None,
+            ),
+            "phi3.rope.dimension_count is 11",
+        ),
+        (
+            "a rotary dimension wider than the head",
+            variant(
+                "tiny-phi4",
+                "phi_rope_wide",
+                &[("phi3.rope.dimension_count", u(32))],
+                None,
+            ),
+            "phi3.rope.dimension_count is 32",
+        ),
+        (
+            "a negative attention factor",
+            variant(
+                "tiny-phi3",
+                "phi_attn_factor",
+                &[("phi3.rope.scaling.attn_factor", Some(MetaValue::F32(-1.0)))],
+                None,
+            ),
+            "phi3.rope.scaling.attn_factor is -1",
+        ),
+        (
+            "an original context of 0",
+            variant(
+                "tiny-phi3",
+                "phi_orig_zero",
+                &[("phi3.rope.scaling.original_context_length", u(0))],
+                None,
+            ),
+            "phi3.rope.scaling.original_context_length is 0",
+        ),
+        (
+            "a window that is not a number in Phi-3",
+            variant(
+                "tiny-phi3",
+                "phi_window_type",
+                &[("phi3.attention.sliding_window", s("2047"))],
+                None,
+            ),
+            "phi3.attention.sliding_window",
+        ),
+        (
+            "no stacked QKV in Phi-3",
+            variant(
+                "tiny-phi3",
+                "phi_no_qkv",
+                &[],
+                Some(("blk.1.attn_qkv.weight", None)),
+            ),
+            "blk.1.attn_qkv.weight",
+        ),
+        (
+            "a feed-forward size that does not fit the stacked gate and up",
+            variant(
+                "tiny-phi4",
+                "phi_ffn",
+                &[("phi3.feed_forward_length", u(96))],
+                None,
+            ),
+            "blk.0.ffn_up.weight has shape [256, 64], expected [192, 64]",
         ),
     ];
     for (what, path, expect) in cases {

@@ -2,6 +2,7 @@
 //! transformer models (Llama-family decoders, BERT-family sentence encoders).
 
 pub mod bert;
+pub mod capture;
 pub mod chat;
 mod error;
 mod file_bytes;
@@ -10,6 +11,7 @@ pub mod gguf;
 pub mod kquant;
 pub mod llama;
 pub mod perplexity;
+pub mod probe;
 pub mod quant;
 pub mod resolve;
 pub mod safetensors;

@@ -4,7 +4,8 @@
 //! text is gibberish. The `tiny-*` shapes are small models of each
 //! supported architecture variant (Llama 3.1's frequency factors, YaRN,
 //! Qwen3's head norms and head size, Gemma 2's and Gemma 3's sliding
-//! windows, soft-caps and extra norms) with larger weights, whose logits
+//! windows, soft-caps and extra norms, Phi-3's stacked tensors, LongRoPE
+//! and partial rotation) with larger weights, whose logits
 //! `scripts/arch_golden.py` records with llama.cpp for the tests.
 //!
 //! Each tensor is drawn from its own seeded generator and quantized a slice
@@ -32,7 +33,8 @@ const TINY_STD: f32 = 0.25;
 #[derive(Clone, Copy, Debug)]
 pub struct Shape {
     name: &'static str,
-    /// `general.architecture`: `llama`, `qwen3`, `gemma2` or `gemma3`.
+    /// `general.architecture`: `llama`, `qwen3`, `gemma2`, `gemma3` or
+    /// `phi3`.
     arch: &'static str,
     /// The head size where it is not `d_model / n_heads` (0: that).
     head_dim: usize,
@@ -55,6 +57,8 @@ pub struct Shape {
     yarn: Option<(f32, u32)>,
     /// Gemma's keys (for `gemma2` and `gemma3`).
     gemma: Option<GemmaShape>,
+    /// Phi-3's keys and tensors (for `phi3`).
+    phi3: Option<PhiShape>,
 }
 
 /// What a Gemma shape adds. Its norm weights are drawn around 1 (the
@@ -68,6 +72,27 @@ struct GemmaShape {
     pattern: u32,
     /// `attn_logit_softcapping` and `final_logit_softcapping` (Gemma 2).
     softcaps: Option<(f32, f32)>,
+}
+
+/// What a Phi-3 shape adds. Its Q, K and V weights are one tensor
+/// (`attn_qkv`) and so are its gate and up weights (`ffn_up`, twice the
+/// rows, the gate's first), as llama.cpp's converter writes them.
+#[derive(Clone, Copy, Debug)]
+struct PhiShape {
+    /// `rope.dimension_count`: how many of a head's dimensions rotate (0:
+    /// all of them).
+    rope_dim: usize,
+    /// `rope.scaling.original_context_length`.
+    original_context: u32,
+    /// LongRoPE: `rope_factors_long.weight` and `rope_factors_short.weight`
+    /// (made-up factors, see [`Shape::longrope_factors`]) and
+    /// `rope.scaling.attn_factor`.
+    longrope: bool,
+    /// `rope.scaling.attn_factor` (0: the converter's `√(1 + ln s / ln
+    /// original)` for a context `s` times the original).
+    attn_factor: f32,
+    /// `attention.sliding_window` (the converter writes 0 for none).
+    sliding_window: u32,
 }
 
 impl Shape {
@@ -98,6 +123,7 @@ impl Shape {
             rope_freqs: false,
             yarn: None,
             gemma: None,
+            phi3: None,
         }
     }
 
@@ -121,13 +147,14 @@ impl Shape {
             rope_freqs: false,
             yarn: None,
             gemma: None,
+            phi3: None,
         }
     }
 }
 
 /// The shapes `--synthetic` knows: real models' (from their
 /// `config.json`), then the tiny ones of the architecture tests.
-const SHAPES: [Shape; 11] = [
+const SHAPES: [Shape; 15] = [
     Shape::real(
         "smollm2-135m",
         [576, 30, 9, 3, 1536],
@@ -174,6 +201,46 @@ const SHAPES: [Shape; 11] = [
         5e5,
         false,
     ),
+    // Phi-3-mini-4k: 32 heads of 96, as many KV heads, a window of 2,047
+    // that llama.cpp ignores
+    Shape {
+        arch: "phi3",
+        phi3: Some(PhiShape {
+            rope_dim: 0,
+            original_context: 4096,
+            longrope: false,
+            attn_factor: 0.0,
+            sliding_window: 2047,
+        }),
+        ..Shape::real(
+            "phi3-mini",
+            [3072, 32, 32, 32, 8192],
+            32_064,
+            4096,
+            1e4,
+            false,
+        )
+    },
+    // Phi-4-mini: 24 heads of 128 over 8 KV heads, 96 dimensions of each
+    // rotating, LongRoPE from 4,096 to 131,072 positions, tied output
+    Shape {
+        arch: "phi3",
+        phi3: Some(PhiShape {
+            rope_dim: 96,
+            original_context: 4096,
+            longrope: true,
+            attn_factor: 0.0,
+            sliding_window: 0,
+        }),
+        ..Shape::real(
+            "phi4-mini",
+            [3072, 32, 24, 8, 8192],
+            200_064,
+            131_072,
+            1e4,
+            true,
+        )
+    },
     Shape {
         rope_freqs: true,
         ..Shape::tiny("tiny-llama3", "llama", 0)
@@ -233,6 +300,37 @@ const SHAPES: [Shape; 11] = [
         }),
         ..Shape::tiny("tiny-gemma2", "gemma2", 32)
     },
+    // Phi-3.5-mini: as many KV heads as heads, LongRoPE's long factors (a
+    // context of 4,096 over an original 32) and its attention factor, a
+    // window that llama.cpp ignores (shorter than the test's tokens)
+    Shape {
+        n_kv_heads: 4,
+        rope_theta: 10_000.0,
+        phi3: Some(PhiShape {
+            rope_dim: 0,
+            original_context: 32,
+            longrope: true,
+            attn_factor: 0.0,
+            sliding_window: 16,
+        }),
+        ..Shape::tiny("tiny-phi3", "phi3", 0)
+    },
+    // Phi-4-mini: 12 of each head's 16 dimensions rotating, the short
+    // factors (the context is the original one) with an attention factor
+    // of its own, tied output
+    Shape {
+        rope_theta: 10_000.0,
+        context_length: 256,
+        tied: true,
+        phi3: Some(PhiShape {
+            rope_dim: 12,
+            original_context: 256,
+            longrope: true,
+            attn_factor: 1.25,
+            sliding_window: 0,
+        }),
+        ..Shape::tiny("tiny-phi4", "phi3", 0)
+    },
 ];
 
 impl Shape {
@@ -258,6 +356,39 @@ impl Shape {
         } else {
             self.d_model / self.n_heads
         }
+    }
+
+    /// The control tokens at the end of the vocabulary: Phi-3's end of
+    /// text and end of turn.
+    fn special_tokens(&self) -> &'static [&'static str] {
+        if self.phi3.is_some() {
+            &["<|endoftext|>", "<|end|>"]
+        } else {
+            &[]
+        }
+    }
+
+    /// How many of a head's dimensions rotate.
+    fn rope_dim(&self) -> usize {
+        match self.phi3 {
+            Some(p) if p.rope_dim > 0 => p.rope_dim,
+            _ => self.head_dim(),
+        }
+    }
+
+    /// Made-up LongRoPE divisors of the rotary frequencies, one per rotated
+    /// pair, rising from 1 at the fastest frequency: to the context's
+    /// stretch `s` (the long ones) or to 1.5 (the short ones), as the
+    /// released models' rise to tens and to about 2.
+    fn longrope_factors(&self, long: bool) -> Vec<f32> {
+        let n = self.rope_dim() / 2;
+        let top = match self.phi3 {
+            Some(p) if long => self.context_length as f32 / p.original_context as f32,
+            _ => 1.5,
+        };
+        (0..n)
+            .map(|i| 1.0 + (top - 1.0) * i as f32 / (n - 1).max(1) as f32)
+            .collect()
     }
 
     /// Llama 3.1's rotary frequency factors for this head size (how its
@@ -309,10 +440,25 @@ impl Shape {
                 layer.insert(at, ("post_attention_norm.weight", vec![d]));
                 layer.push(("post_ffw_norm.weight", vec![d]));
             }
+            if self.phi3.is_some() {
+                layer = vec![
+                    ("attn_norm.weight", vec![d]),
+                    ("attn_qkv.weight", vec![qd + 2 * kvd, d]),
+                    ("attn_output.weight", vec![d, qd]),
+                    ("ffn_norm.weight", vec![d]),
+                    ("ffn_up.weight", vec![2 * ffn, d]),
+                    ("ffn_down.weight", vec![d, ffn]),
+                ];
+            }
             t.extend(layer.into_iter().map(|(n, s)| (format!("blk.{i}.{n}"), s)));
         }
         if self.rope_freqs {
             t.push(("rope_freqs.weight".to_string(), vec![hd / 2]));
+        }
+        if self.phi3.is_some_and(|p| p.longrope) {
+            for name in ["rope_factors_long.weight", "rope_factors_short.weight"] {
+                t.push((name.to_string(), vec![self.rope_dim() / 2]));
+            }
         }
         t.push(("output_norm.weight".to_string(), vec![d]));
         if !self.tied {
@@ -335,7 +481,7 @@ impl Shape {
             ("embedding_length", u32_of(self.d_model)),
             ("block_count", u32_of(self.n_layers)),
             ("feed_forward_length", u32_of(self.ffn_dim)),
-            ("rope.dimension_count", u32_of(self.head_dim())),
+            ("rope.dimension_count", u32_of(self.rope_dim())),
             ("attention.head_count", u32_of(self.n_heads)),
             ("attention.head_count_kv", u32_of(self.n_kv_heads)),
             ("rope.freq_base", MetaValue::F32(self.rope_theta)),
@@ -359,6 +505,23 @@ impl Shape {
             if let Some((attn, last)) = g.softcaps {
                 entries.push(("attn_logit_softcapping", MetaValue::F32(attn)));
                 entries.push(("final_logit_softcapping", MetaValue::F32(last)));
+            }
+        }
+        if let Some(p) = self.phi3 {
+            entries.push((
+                "rope.scaling.original_context_length",
+                MetaValue::U32(p.original_context),
+            ));
+            entries.push(("attention.sliding_window", MetaValue::U32(p.sliding_window)));
+            if p.longrope {
+                let attn_factor = if p.attn_factor > 0.0 {
+                    p.attn_factor
+                } else {
+                    let original = f64::from(p.original_context);
+                    let s = self.context_length as f64 / original;
+                    (1.0 + s.ln() / original.ln()).sqrt() as f32
+                };
+                entries.push(("rope.scaling.attn_factor", MetaValue::F32(attn_factor)));
             }
         }
         if let Some((factor, original)) = self.yarn {
@@ -408,8 +571,9 @@ fn letters(mut n: usize) -> String {
 /// `vocab_size` tokens (at least 260): `<unk>`, `<s>`, `</s>`, the 256 byte
 /// tokens `<0x00>`..`<0xFF>`, `▁`, then `▁a`, `a`, `▁b`, `b`, ... `▁aa`,
 /// `aa`, ... with scores falling with the id, so BPE merges letters into
-/// the longest pieces.
-fn tokenizer_metadata(vocab_size: usize) -> Vec<(String, MetaValue)> {
+/// the longest pieces; the last ids are the control tokens `specials`
+/// (llama.cpp looks Phi-3's `<|endoftext|>` up in a file it takes for one).
+fn tokenizer_metadata(vocab_size: usize, specials: &[&str]) -> Vec<(String, MetaValue)> {
     let mut tokens = vec!["<unk>".to_string(), "<s>".into(), "</s>".into()];
     let mut types = vec![TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_CONTROL];
     tokens.extend((0..=255u8).map(|b| format!("<0x{b:02X}>")));
@@ -422,8 +586,10 @@ fn tokenizer_metadata(vocab_size: usize) -> Vec<(String, MetaValue)> {
         tokens.push(piece);
         n += 1;
     }
-    tokens.truncate(vocab_size);
-    types.resize(vocab_size, TOKEN_NORMAL);
+    tokens.truncate(vocab_size - specials.len());
+    tokens.extend(specials.iter().map(|t| t.to_string()));
+    types.resize(vocab_size - specials.len(), TOKEN_NORMAL);
+    types.resize(vocab_size, TOKEN_CONTROL);
     let scores = (0..vocab_size).map(|id| match types[id] {
         TOKEN_NORMAL => MetaValue::F32(-(id as f32)),
         _ => MetaValue::F32(0.0),
@@ -457,7 +623,7 @@ pub fn write(shape: Shape, target: Target, seed: u64, output: &Path) -> Result<S
     for (k, v) in shape
         .metadata()
         .into_iter()
-        .chain(tokenizer_metadata(shape.vocab_size))
+        .chain(tokenizer_metadata(shape.vocab_size, shape.special_tokens()))
     {
         w.metadata(k, v)?;
     }
@@ -502,6 +668,10 @@ pub fn write(shape: Shape, target: Target, seed: u64, output: &Path) -> Result<S
                 );
                 Ok(if name == "rope_freqs.weight" {
                     shape.llama3_factors()
+                } else if name == "rope_factors_long.weight" {
+                    shape.longrope_factors(true)
+                } else if name == "rope_factors_short.weight" {
+                    shape.longrope_factors(false)
                 } else if is_norm && shape.gemma.is_some() {
                     normal
                         .sample_iter(&mut rng)
@@ -537,7 +707,7 @@ mod tests {
     #[test]
     fn the_vocabulary_has_the_asked_size_and_unique_tokens() {
         for n in [260, 49152, 128_256] {
-            let meta = tokenizer_metadata(n);
+            let meta = tokenizer_metadata(n, &["<|endoftext|>", "<|end|>"]);
             let tokens = meta[1].1.as_array().unwrap();
             assert_eq!(tokens.len(), n);
             let unique: std::collections::HashSet<&str> =
@@ -552,7 +722,8 @@ mod tests {
             assert_eq!(s.n_heads % s.n_kv_heads, 0, "{}", s.name);
             if s.weight_std == WEIGHT_STD && s.head_dim == 0 {
                 assert_eq!(s.d_model % s.n_heads, 0, "{}", s.name);
-                assert!(matches!(s.head_dim(), 64 | 128), "{}", s.name);
+                // Phi-3's heads are 96 wide
+                assert!(matches!(s.head_dim(), 64 | 96 | 128), "{}", s.name);
             }
         }
     }
@@ -565,5 +736,33 @@ mod tests {
         assert_eq!(f[0], 1.0);
         assert_eq!(f[7], 8.0);
         assert!(f.windows(2).all(|w| w[0] <= w[1]), "{f:?}");
+    }
+
+    #[test]
+    fn phi_shapes_stack_their_projections_and_rotate_part_of_a_head() {
+        let s = Shape::by_name("tiny-phi4").unwrap();
+        let tensors = s.tensors();
+        let shape_of = |name: &str| {
+            tensors
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, shape)| shape.clone())
+        };
+        // 4 query heads and 2 KV heads of 16; gate and up of 128 each
+        assert_eq!(shape_of("blk.0.attn_qkv.weight"), Some(vec![128, 64]));
+        assert_eq!(shape_of("blk.1.ffn_up.weight"), Some(vec![256, 64]));
+        assert_eq!(shape_of("blk.0.attn_q.weight"), None);
+        assert_eq!(shape_of("output.weight"), None);
+        assert_eq!(shape_of("rope_factors_short.weight"), Some(vec![6]));
+        let short = s.longrope_factors(false);
+        let want = [1.0, 1.1, 1.2, 1.3, 1.4, 1.5];
+        assert!(
+            short.iter().zip(want).all(|(a, b)| (a - b).abs() < 1e-6),
+            "{short:?}"
+        );
+        // the context is the original one: the long factors do nothing
+        assert_eq!(s.longrope_factors(true), [1.0; 6]);
+        let long = Shape::by_name("tiny-phi3").unwrap().longrope_factors(true);
+        assert_eq!((long[0], long[7]), (1.0, 128.0));
     }
 }

@@ -6,6 +6,7 @@ use std::path::Path;
 use silica::{AttentionOpts, DType, Device, Tensor};
 
 use super::config::{Activation, Architecture, BertConfig};
+use crate::capture::{CaptureSpec, Collector, NoTaps, Pooler, Site, Taps, check_batch};
 use crate::safetensors::SafetensorsFile;
 use crate::{Error, Result};
 
@@ -254,6 +255,52 @@ impl Bert {
         attention_mask: &Tensor,
         token_type_ids: Option<&Tensor>,
     ) -> Result<Tensor> {
+        let layers = self.config.num_hidden_layers;
+        self.forward_taps(
+            input_ids,
+            attention_mask,
+            token_type_ids,
+            &mut NoTaps,
+            layers,
+        )
+    }
+
+    /// The states `spec` names for each sequence of `batch` (token ids, as
+    /// the tokenizer gives them, special tokens included): one f32 tensor
+    /// per point, on the model's device, `[B, d]` for last-token and mean
+    /// pooling (over the sequence's own tokens), `[sum of lengths, d]` for
+    /// all tokens. Layer 0 is the embeddings' output, layer `i` block
+    /// `i`'s; the attention and MLP sites are the dense outputs before
+    /// their residual sums and LayerNorms (see [`crate::capture`]).
+    pub fn capture(&self, batch: &[&[u32]], spec: &CaptureSpec) -> Result<Vec<Tensor>> {
+        let cfg = &self.config;
+        spec.check(cfg.num_hidden_layers)?;
+        let t = check_batch(batch, cfg.vocab_size)?;
+        let b = batch.len();
+        let mut ids = vec![0u32; b * t];
+        let mut mask = vec![0f32; b * t];
+        for (row, s) in batch.iter().enumerate() {
+            ids[row * t..row * t + s.len()].copy_from_slice(s);
+            mask[row * t..row * t + s.len()].fill(1.0);
+        }
+        let lens: Vec<usize> = batch.iter().map(|s| s.len()).collect();
+        let ids = Tensor::from_vec(ids, &[b, t], &self.device)?;
+        let mask = Tensor::from_vec(mask, &[b, t], &self.device)?;
+        let mut collector = Collector::new(spec, Pooler::new(spec.pool, &lens, t, &self.device)?);
+        self.forward_taps(&ids, &mask, None, &mut collector, spec.deepest())?;
+        collector.finish()
+    }
+
+    /// [`Bert::forward`] showing `taps` the states it asks for and
+    /// stopping after block `stop`.
+    fn forward_taps(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: &Tensor,
+        token_type_ids: Option<&Tensor>,
+        taps: &mut dyn Taps,
+        stop: usize,
+    ) -> Result<Tensor> {
         let cfg = &self.config;
         let &[b, t] = input_ids.shape() else {
             return Err(Error::InvalidInput(format!(
@@ -318,19 +365,24 @@ impl Bert {
             .mul_scalar(big)?
             .reshape(&[b, 1, 1, t])?;
 
-        for layer in &self.layers {
-            x = self.layer_forward(layer, &x, &bias, b, t)?;
+        taps.put(0, Site::Residual, &x)?;
+        for (li, layer) in self.layers.iter().enumerate().take(stop) {
+            x = self.layer_forward(layer, li + 1, &x, &bias, b, t, taps)?;
+            taps.put(li + 1, Site::Residual, &x)?;
         }
         Ok(x.reshape(&[b, t, h])?)
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn layer_forward(
         &self,
         layer: &Layer,
+        index: usize,
         x: &Tensor,
         bias: &Tensor,
         b: usize,
         t: usize,
+        taps: &mut dyn Taps,
     ) -> Result<Tensor> {
         let cfg = &self.config;
         let (h, nh, hd) = (cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim());
@@ -347,16 +399,16 @@ impl Bert {
         let ctx = q
             .attention(&k, &v, Some(bias), opts)?
             .reshape(&[b * t, h])?;
-        let x = layer
-            .attn_ln
-            .forward(&layer.attn_out.forward(&ctx)?.add(x)?)?;
+        let attn = layer.attn_out.forward(&ctx)?;
+        taps.put(index, Site::Attention, &attn)?;
+        let x = layer.attn_ln.forward(&attn.add(x)?)?;
         let inter = layer.intermediate.forward(&x)?;
         let inter = match cfg.hidden_act {
             Activation::GeluErf => inter.gelu_erf()?,
             Activation::GeluTanh => inter.gelu_tanh()?,
         };
-        layer
-            .out_ln
-            .forward(&layer.output.forward(&inter)?.add(&x)?)
+        let mlp = layer.output.forward(&inter)?;
+        taps.put(index, Site::Mlp, &mlp)?;
+        layer.out_ln.forward(&mlp.add(&x)?)
     }
 }

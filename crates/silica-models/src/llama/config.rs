@@ -6,6 +6,7 @@ use silica::AttentionOpts;
 
 use super::RopeStyle;
 use super::gemma::{self, GemmaConfig};
+use super::phi3::Phi3Config;
 use crate::gguf::GgufFile;
 use crate::{Error, Result};
 
@@ -35,6 +36,10 @@ pub struct LlamaConfig {
     /// Gemma 2 and 3: GeGLU, post-norms, scaled embeddings, sliding
     /// windows, soft-capping (`None` for the other architectures).
     pub gemma: Option<GemmaConfig>,
+    /// Phi-3: LongRoPE and partial rotation (`None` for the other
+    /// architectures); its stacked Q/K/V and gate/up tensors are read in
+    /// `load_with`.
+    pub phi3: Option<Phi3Config>,
 }
 
 /// The `rope.scaling.*` keys of a GGUF file. Per-frequency factors (Llama
@@ -60,8 +65,8 @@ pub enum RopeScaling {
     },
 }
 
-const ARCHITECTURES: [&str; 7] = [
-    "llama", "mistral", "qwen2", "qwen3", "smollm", "gemma2", "gemma3",
+const ARCHITECTURES: [&str; 8] = [
+    "llama", "mistral", "qwen2", "qwen3", "smollm", "gemma2", "gemma3", "phi3",
 ];
 
 impl LlamaConfig {
@@ -129,8 +134,10 @@ impl LlamaConfig {
                 "head size {head_dim} must be even, non-zero and at most 256"
             )));
         }
+        // Phi-3's partial rotation is checked with its other keys
         if let Some(rot) = opt_usize("rope.dimension_count")?
             && rot != head_dim
+            && arch != "phi3"
         {
             return Err(Error::Unsupported {
                 path: f.path().to_path_buf(),
@@ -163,6 +170,12 @@ impl LlamaConfig {
         } else {
             None
         };
+        let context_length = usize_of("context_length")?;
+        let phi3 = if arch == "phi3" {
+            Some(Phi3Config::from_gguf(f, head_dim, context_length)?)
+        } else {
+            None
+        };
         let attention_scale = if is_gemma {
             gemma::attention_scale(&arch, n_layers, d_model, n_heads, head_dim)
         } else {
@@ -176,10 +189,13 @@ impl LlamaConfig {
             head_dim,
             ffn_dim: usize_of("feed_forward_length")?,
             vocab_size,
-            context_length: usize_of("context_length")?,
+            context_length,
             rope_theta,
             rope_scaling,
-            rope_style: if matches!(arch.as_str(), "qwen2" | "qwen3" | "gemma2" | "gemma3") {
+            rope_style: if matches!(
+                arch.as_str(),
+                "qwen2" | "qwen3" | "gemma2" | "gemma3" | "phi3"
+            ) {
                 RopeStyle::Half
             } else {
                 RopeStyle::Adjacent
@@ -188,6 +204,7 @@ impl LlamaConfig {
             qk_norm: matches!(arch.as_str(), "qwen3" | "gemma3"),
             attention_scale,
             gemma,
+            phi3,
             architecture: arch,
         })
     }
@@ -221,6 +238,12 @@ fn rope_scaling(f: &GgufFile, arch: &str) -> Result<RopeScaling> {
     Ok(match kind {
         "none" => RopeScaling::None,
         "linear" => RopeScaling::Linear {
+            factor: number("factor", Some(1.0))?,
+        },
+        // Phi-3's LongRoPE factors are tensors (phi3.rs); the type itself
+        // is linear scaling in llama.cpp, by a factor its converter never
+        // writes
+        "longrope" if arch == "phi3" => RopeScaling::Linear {
             factor: number("factor", Some(1.0))?,
         },
         "yarn" => {

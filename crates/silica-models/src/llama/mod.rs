@@ -1,5 +1,5 @@
 //! Llama-family decoders (Llama 2/3, Mistral, Qwen2, Qwen3, SmolLM,
-//! Gemma 2 and 3) from GGUF.
+//! Gemma 2 and 3, Phi-3) from GGUF.
 //!
 //! Matrices stored in a GGML block format stay in it on the device and are
 //! decoded inside the matmul kernels (`QTensor`, `Tensor::matmul_q`); the
@@ -23,11 +23,17 @@ use crate::gguf::GgufFile;
 use crate::quant;
 use crate::{Error, Result};
 
+mod batch;
+mod capture;
 mod config;
 mod gemma;
+mod phi3;
+use crate::capture::{NoTaps, Site, Taps};
+pub use batch::SeqStep;
 use config::rope_angles;
 pub use config::{LlamaConfig, RopeScaling};
 pub use gemma::GemmaConfig;
+pub use phi3::Phi3Config;
 
 /// A linear layer's weight `[out, in]`: a float tensor, or blocks kept
 /// quantized on the device.
@@ -199,7 +205,8 @@ pub struct Llama {
     out_norm: Tensor, // [d]
     lm_head: Weight,  // [vocab, d] (the embedding when tied)
     /// Llama 3.1's per-frequency divisors of the rotary frequencies
-    /// (`rope_freqs.weight`, `[hd / 2]`).
+    /// (`rope_freqs.weight`, `[hd / 2]`), or Phi-3's LongRoPE ones for its
+    /// context (`[rope_dim / 2]`).
     rope_freqs: Option<Vec<f32>>,
 }
 
@@ -310,6 +317,20 @@ impl Llama {
                 None => Weight::Dense(get(name, shape)?),
             })
         };
+        // a matrix with its rows reordered (`order[i]`: the file's row
+        // that becomes row i), for Phi-3's partial rotation
+        let weight_in_order = |name: &str, shape: &[usize], order: Option<&[usize]>| {
+            let Some(order) = order else {
+                return weight(name, shape);
+            };
+            Ok(match blocks(name, shape)? {
+                Some((fmt, bytes)) => {
+                    let rows = phi3::reorder_rows(bytes, fmt.bytes_for(shape[1]), order);
+                    Weight::Quant(QTensor::from_bytes(fmt, shape, &rows, device)?)
+                }
+                None => Weight::Dense(phi3::select_rows(&get(name, shape)?, order)?),
+            })
+        };
         // parts stacked into one matrix when they share a format (the
         // blocks concatenated on the host, one upload)
         let stacked = |names: &[(String, usize)], d: usize| -> Result<Stacked> {
@@ -349,6 +370,12 @@ impl Llama {
             config.n_heads * config.head_dim,
             config.n_kv_heads * config.head_dim,
         );
+        // Phi-4-mini's partial rotation: the order of the query and key
+        // rows in which the attention step's whole-head rotation does it
+        let qkv_order = config
+            .phi3
+            .as_ref()
+            .and_then(|p| p.qkv_row_order(config.head_dim, config.n_heads, config.n_kv_heads));
         let mut layers = Vec::with_capacity(config.n_layers);
         for i in 0..config.n_layers {
             let n = |s: &str| format!("blk.{i}.{s}");
@@ -369,21 +396,57 @@ impl Llama {
                     Some(Tensor::cat(&[&parts[0], &parts[1], &parts[2]], 0)?)
                 }
             };
-            let qkv = stacked(
-                &[
-                    (n("attn_q.weight"), qd),
-                    (n("attn_k.weight"), kvd),
-                    (n("attn_v.weight"), kvd),
-                ],
-                d,
-            )?;
-            let gate_up = stacked(
-                &[
-                    (n("ffn_gate.weight"), config.ffn_dim),
-                    (n("ffn_up.weight"), config.ffn_dim),
-                ],
-                d,
-            )?;
+            // Q, K and V in one tensor (Phi-3), whose bias replaces theirs
+            let fused_qkv = n("attn_qkv.weight");
+            let bqkv = match opt(&n("attn_qkv.bias"), &[qd + 2 * kvd])? {
+                Some(b) => Some(b),
+                None => bqkv,
+            };
+            let bqkv = match (bqkv, &qkv_order) {
+                (Some(b), Some(order)) => Some(phi3::select_rows(&b, order)?),
+                (b, _) => b,
+            };
+            let separate = f.tensor_info(&n("attn_q.weight")).is_some();
+            let qkv = if f.tensor_info(&fused_qkv).is_some() {
+                let w = weight_in_order(&fused_qkv, &[qd + 2 * kvd, d], qkv_order.as_deref())?;
+                Stacked::Fused(w)
+            } else if config.phi3.is_some() && !separate {
+                return Err(Error::Missing {
+                    path: f.path().to_path_buf(),
+                    what: format!("tensor '{fused_qkv}'"),
+                });
+            } else if qkv_order.is_some() {
+                return Err(Error::Unsupported {
+                    path: f.path().to_path_buf(),
+                    what: format!(
+                        "partial rotation with separate Q, K and V tensors ({}; silica reorders \
+                         the rows of one attn_qkv tensor)",
+                        n("attn_q.weight")
+                    ),
+                });
+            } else {
+                stacked(
+                    &[
+                        (n("attn_q.weight"), qd),
+                        (n("attn_k.weight"), kvd),
+                        (n("attn_v.weight"), kvd),
+                    ],
+                    d,
+                )?
+            };
+            let gate_up = if config.phi3.is_some() {
+                // gate and up in one tensor, the gate's rows first (Phi-3)
+                let w = weight(&n("ffn_up.weight"), &[2 * config.ffn_dim, d])?;
+                Stacked::Fused(w)
+            } else {
+                stacked(
+                    &[
+                        (n("ffn_gate.weight"), config.ffn_dim),
+                        (n("ffn_up.weight"), config.ffn_dim),
+                    ],
+                    d,
+                )?
+            };
             let qk_norm = if config.qk_norm {
                 let hd = config.head_dim;
                 Some((
@@ -430,9 +493,11 @@ impl Llama {
             (None, Embedding::Dense(t)) => Weight::Dense(t.clone()),
             (None, Embedding::Quant(q)) => Weight::Quant(q.clone()),
         };
-        let rope_freqs = match f.tensor_info("rope_freqs.weight") {
-            None => None,
-            Some(_) => {
+        // Phi-3's are its LongRoPE factors (llama.cpp reads no rope_freqs there)
+        let rope_freqs = match (&config.phi3, f.tensor_info("rope_freqs.weight")) {
+            (Some(p), _) => p.rope_factors(f)?,
+            (None, None) => None,
+            (None, Some(_)) => {
                 let half = config.head_dim / 2;
                 let (shape, values) = f.dequantize("rope_freqs.weight")?;
                 if shape != [half] {
@@ -505,13 +570,11 @@ impl Llama {
     fn rope_tables(&self, n: usize) -> Result<(Tensor, Tensor)> {
         let c = &self.config;
         let half = c.head_dim / 2;
-        let (cos, sin) = rope_angles(
-            n,
-            c.head_dim,
-            c.rope_theta,
-            self.rope_freqs.as_deref(),
-            &c.rope_scaling,
-        );
+        let factors = self.rope_freqs.as_deref();
+        let (cos, sin) = match &c.phi3 {
+            Some(p) => p.rope_angles(n, c.head_dim, c.rope_theta, factors, &c.rope_scaling),
+            None => rope_angles(n, c.head_dim, c.rope_theta, factors, &c.rope_scaling),
+        };
         let mk = |v: Vec<f32>| -> Result<Tensor> {
             Ok(Tensor::from_vec(v, &[n, half], &Device::cpu())?.to_device(&self.device)?)
         };
@@ -603,6 +666,22 @@ impl Llama {
         cache: &mut KvCache,
         last_only: bool,
     ) -> Result<Tensor> {
+        match self.forward_taps(ids_t, cache, last_only, &mut NoTaps, self.config.n_layers)? {
+            Some(logits) => Ok(logits),
+            None => unreachable!("a forward through every layer gives logits"),
+        }
+    }
+
+    /// [`Llama::forward_ids`] showing `taps` the states it asks for, and
+    /// stopping after block `stop` (without logits) when that is not the last.
+    fn forward_taps(
+        &self,
+        ids_t: &Tensor,
+        cache: &mut KvCache,
+        last_only: bool,
+        taps: &mut dyn Taps,
+        stop: usize,
+    ) -> Result<Option<Tensor>> {
         let c = &self.config;
         if ids_t.rank() != 1 || ids_t.dtype() != DType::U32 || ids_t.shape()[0] == 0 {
             return Err(Error::InvalidInput(format!(
@@ -620,7 +699,7 @@ impl Llama {
                 c.context_length
             )));
         }
-        let (hd, h, kvh) = (c.head_dim, c.n_heads, c.n_kv_heads);
+        let h = c.n_heads;
         let total = start + t;
         self.reserve(cache, total)?;
         let (cos, sin) = match (&cache.cos, &cache.sin) {
@@ -636,6 +715,7 @@ impl Llama {
         if c.gemma.is_some() {
             x = x.mul_scalar((c.d_model as f32).sqrt())?;
         }
+        taps.put(0, Site::Residual, &x)?;
         let local_tables = match &cache.local {
             Some((cos, sin)) => Some((cos.narrow(0, start, t)?, sin.narrow(0, start, t)?)),
             None => None,
@@ -645,49 +725,33 @@ impl Llama {
         let mut masks: (Option<Tensor>, Option<Tensor>) = (None, None);
         let eps = c.rms_eps as f32;
         let scale = c.attention_scale;
-        for (li, l) in self.layers.iter().enumerate() {
-            // [t, query heads, then key heads, then value heads, hd]
-            let qkv = l
-                .qkv
-                .apply(&x, (&l.attn_norm, eps), l.bqkv.as_ref())?
-                .reshape(&[t, h + 2 * kvh, hd])?;
-            let qkv = match &l.qk_norm {
-                Some((qn, kn)) => qkv.head_norm(qn, kn, h, kvh, eps)?,
-                None => qkv,
-            };
-            // rotates the queries and keys, writes the keys and values at
-            // `start..total` (rows past `len` are not part of the cache
-            // until the step succeeds) and attends over `0..total`
-            let rope = (&cos, &sin, c.rope_style);
-            let att = match &c.gemma {
-                None => qkv.cached_attention(&mut cache.kv[li], start, rope, h, scale)?,
-                Some(g) => {
-                    let window = g.window(li);
-                    let rope = match (&local_tables, window) {
-                        (Some((lc, ls)), Some(_)) => (lc, ls, c.rope_style),
-                        _ => rope,
-                    };
-                    let mask = if window.is_some() {
-                        &mut masks.1
-                    } else {
-                        &mut masks.0
-                    };
-                    self.gemma_attention(g, window, &qkv, &mut cache.kv[li], start, rope, mask)?
+        for li in 0..stop.min(c.n_layers) {
+            x = self.block(li, x, taps, |qkv| {
+                // rotates the queries and keys, writes the keys and values at
+                // `start..total` (rows past `len` are not part of the cache
+                // until the step succeeds) and attends over `0..total`
+                let rope = (&cos, &sin, c.rope_style);
+                match &c.gemma {
+                    None => Ok(qkv.cached_attention(&mut cache.kv[li], start, rope, h, scale)?),
+                    Some(g) => {
+                        let window = g.window(li);
+                        let rope = match (&local_tables, window) {
+                            (Some((lc, ls)), Some(_)) => (lc, ls, c.rope_style),
+                            _ => rope,
+                        };
+                        let mask = if window.is_some() {
+                            &mut masks.1
+                        } else {
+                            &mut masks.0
+                        };
+                        self.gemma_attention(g, window, &qkv, &mut cache.kv[li], start, rope, mask)
+                    }
                 }
-            }
-            .reshape(&[t, h * hd])?;
-            match &l.post_norms {
-                None => {
-                    x = l.wo.add_to(&att, &x)?;
-                    let act = l.gate_up.swiglu(&x, (&l.ffn_norm, eps))?; // [t, ffn]
-                    x = l.w_down.add_to(&act, &x)?;
-                }
-                Some((post_attn, post_ffn)) => {
-                    x = l.wo.apply(&att)?.rms_norm(post_attn, eps)?.add(&x)?;
-                    let act = l.gate_up.geglu(&x, (&l.ffn_norm, eps))?; // [t, ffn]
-                    x = l.w_down.apply(&act)?.rms_norm(post_ffn, eps)?.add(&x)?;
-                }
-            }
+            })?;
+            self.tap_residual(li + 1, &x, taps)?;
+        }
+        if stop < c.n_layers {
+            return Ok(None);
         }
         cache.len = total;
         let x = if last_only { x.narrow(0, t - 1, 1)? } else { x };
@@ -697,10 +761,82 @@ impl Llama {
         };
         // logits leave in f32 whatever the compute dtype: sampling reads them on the host
         let logits = self.lm_head.fused(&x, fuse)?.to_dtype(DType::F32)?;
-        match c.gemma.as_ref().and_then(|g| g.final_softcap) {
-            Some(cap) => Ok(logits.div_scalar(cap)?.tanh()?.mul_scalar(cap)?),
-            None => Ok(logits),
+        Ok(Some(match c.gemma.as_ref().and_then(|g| g.final_softcap) {
+            Some(cap) => logits.div_scalar(cap)?.tanh()?.mul_scalar(cap)?,
+            None => logits,
+        }))
+    }
+
+    /// Shows `taps` the residual stream after block `layer` (after the
+    /// final norm for the last block, as transformers' hidden states).
+    fn tap_residual(&self, layer: usize, x: &Tensor, taps: &mut dyn Taps) -> Result<()> {
+        if !taps.wants(layer, Site::Residual) {
+            return Ok(());
         }
+        if layer == self.config.n_layers {
+            let normed = x.rms_norm(&self.out_norm, self.config.rms_eps as f32)?;
+            taps.put(layer, Site::Residual, &normed)
+        } else {
+            taps.put(layer, Site::Residual, x)
+        }
+    }
+
+    /// One decoder block on the residual stream `x` (`[rows, d]`):
+    /// the normed QKV projection (and Qwen3's per-head norms), `attend`
+    /// (which turns `[rows, H + 2 KVH, hd]` into the attention's `[rows,
+    /// H, hd]` output), the output projection, the feed-forward, and the
+    /// residual sums; `taps` sees the block's attention and MLP outputs.
+    fn block(
+        &self,
+        li: usize,
+        x: Tensor,
+        taps: &mut dyn Taps,
+        attend: impl FnOnce(Tensor) -> Result<Tensor>,
+    ) -> Result<Tensor> {
+        let c = &self.config;
+        let l = &self.layers[li];
+        let (hd, h, kvh) = (c.head_dim, c.n_heads, c.n_kv_heads);
+        let eps = c.rms_eps as f32;
+        let rows = x.shape()[0];
+        // [rows, query heads, then key heads, then value heads, hd]
+        let qkv = l
+            .qkv
+            .apply(&x, (&l.attn_norm, eps), l.bqkv.as_ref())?
+            .reshape(&[rows, h + 2 * kvh, hd])?;
+        let qkv = match &l.qk_norm {
+            Some((qn, kn)) => qkv.head_norm(qn, kn, h, kvh, eps)?,
+            None => qkv,
+        };
+        let att = attend(qkv)?.reshape(&[rows, h * hd])?;
+        let layer = li + 1;
+        Ok(match &l.post_norms {
+            None => {
+                let x = if taps.wants(layer, Site::Attention) {
+                    let a = l.wo.apply(&att)?;
+                    taps.put(layer, Site::Attention, &a)?;
+                    a.add(&x)?
+                } else {
+                    l.wo.add_to(&att, &x)?
+                };
+                let act = l.gate_up.swiglu(&x, (&l.ffn_norm, eps))?; // [rows, ffn]
+                if taps.wants(layer, Site::Mlp) {
+                    let m = l.w_down.apply(&act)?;
+                    taps.put(layer, Site::Mlp, &m)?;
+                    m.add(&x)?
+                } else {
+                    l.w_down.add_to(&act, &x)?
+                }
+            }
+            Some((post_attn, post_ffn)) => {
+                let a = l.wo.apply(&att)?.rms_norm(post_attn, eps)?;
+                taps.put(layer, Site::Attention, &a)?;
+                let x = a.add(&x)?;
+                let act = l.gate_up.geglu(&x, (&l.ffn_norm, eps))?; // [rows, ffn]
+                let m = l.w_down.apply(&act)?.rms_norm(post_ffn, eps)?;
+                taps.put(layer, Site::Mlp, &m)?;
+                m.add(&x)?
+            }
+        })
     }
 
     /// Gemma's attention step of one layer (`window`: its sliding window,
