@@ -5,10 +5,9 @@ BENCHMARKS.md's server table. Standard library only.
 
 For each concurrency C: C client threads each send streaming
 /v1/completions requests back to back (a fixed prompt, --max-tokens tokens,
-temperature 0) for --seconds; the aggregate rate is the completion tokens of
-the requests that finished inside the window (from the final usage chunk, or
-the number of content chunks when the server sends no usage) over the
-window. The time to first token is the median, over --ttft-rounds
+temperature 0) for --seconds; the aggregate rate is the number of content
+chunks (one per token on both servers) that arrived inside the window, over
+the window. The time to first token is the median, over --ttft-rounds
 sequential requests with a 16-token prompt on the idle server, of the time
 from sending the request to the first content chunk.
 
@@ -27,8 +26,10 @@ PROMPT = "The history of the river begins in the mountains, where"
 PROMPT16 = "Write one sentence about the sea and the ships that sail on it today:"
 
 
-def stream(url, prompt, max_tokens, extra=None):
-    """Sends one streaming completion; returns (tokens, seconds to first content, total seconds)."""
+def stream(url, prompt, max_tokens, extra=None, until=None):
+    """Sends one streaming completion; returns (tokens, seconds to first
+    content, total seconds). With `until` (a perf_counter time), only tokens
+    before it count and the stream is left there."""
     u = urlparse(url)
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=600)
     body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
@@ -39,7 +40,7 @@ def stream(url, prompt, max_tokens, extra=None):
     r = conn.getresponse()
     if r.status != 200:
         raise RuntimeError(f"status {r.status}: {r.read()[:200]}")
-    first, chunks, usage = None, 0, None
+    first, chunks = None, 0
     for line in r:
         line = line.strip()
         if not line.startswith(b"data: "):
@@ -48,17 +49,18 @@ def stream(url, prompt, max_tokens, extra=None):
         if data == b"[DONE]":
             break
         v = json.loads(data)
-        if v.get("usage"):
-            usage = v["usage"].get("completion_tokens")
         for ch in v.get("choices", []):
             if ch.get("text") or ch.get("content"):
+                if until is not None and time.perf_counter() > until:
+                    conn.close()
+                    return chunks, first, time.perf_counter() - t0
                 chunks += 1
                 if first is None:
                     first = time.perf_counter() - t0
         if v.get("stop") is True:  # llama-server's final chunk
             break
     conn.close()
-    return (usage if usage is not None else chunks), first, time.perf_counter() - t0
+    return chunks, first, time.perf_counter() - t0
 
 
 def load(url, c, seconds, max_tokens, extra):
@@ -69,10 +71,9 @@ def load(url, c, seconds, max_tokens, extra):
 
     def client():
         while time.perf_counter() < end:
-            n, _, _ = stream(url, PROMPT, max_tokens, extra)
-            if time.perf_counter() <= end:
-                with lock:
-                    done.append(n)
+            n, _, _ = stream(url, PROMPT, max_tokens, extra, until=end)
+            with lock:
+                done.append(n)
 
     threads = [threading.Thread(target=client) for _ in range(c)]
     for t in threads:
