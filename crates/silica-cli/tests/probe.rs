@@ -467,3 +467,81 @@ fn bad_probe_input_is_a_clear_error() {
         "not a probe file",
     );
 }
+
+#[test]
+fn npy_output_holds_the_same_states() {
+    let prompts = tmp("npy_prompts.txt");
+    std::fs::write(
+        &prompts,
+        "The river rose overnight.\nA quiet street at dawn.\nHello\n",
+    )
+    .unwrap();
+    let st = tmp("npy.safetensors");
+    let npy = tmp("npy.npy");
+    for out in [&st, &npy] {
+        ok(&[
+            "activations",
+            "--device",
+            "cpu",
+            "-f",
+            s(&prompts),
+            "--layers",
+            "1,-1",
+            "--pool",
+            "all",
+            "--sites",
+            "residual,mlp",
+            "-o",
+            s(out),
+        ]);
+    }
+    // .npy: magic, version 1.0, header length, a dict with the shape
+    let bytes = std::fs::read(&npy).unwrap();
+    assert_eq!(&bytes[..8], b"\x93NUMPY\x01\x00");
+    let hlen = u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
+    let header = std::str::from_utf8(&bytes[10..10 + hlen]).unwrap();
+    assert_eq!((10 + hlen) % 64, 0, "{header}");
+    let side: Value =
+        serde_json::from_str(&std::fs::read_to_string(npy.with_extension("json")).unwrap())
+            .unwrap();
+    let offsets: Vec<usize> = serde_json::from_value(side["offsets"].clone()).unwrap();
+    let rows = *offsets.last().unwrap();
+    // four points: layers 1 and 30, each's residual and MLP output
+    assert!(
+        header.contains(&format!("'shape': (4, {rows}, 576)")),
+        "{header}"
+    );
+    assert_eq!(side["points"], "1:residual,1:mlp,30:residual,30:mlp");
+    let data: Vec<f32> = bytes[10 + hlen..]
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    assert_eq!(data.len(), 4 * rows * 576);
+    let file = silica_models::capture::ActivationFile::open(&st).unwrap();
+    assert_eq!(
+        file.meta.offsets.as_deref(),
+        Some(&offsets.iter().map(|&o| o as u64).collect::<Vec<_>>()[..])
+    );
+    let cpu = silica::Device::cpu();
+    for (i, (layer, site)) in [
+        (1, Site::Residual),
+        (1, Site::Mlp),
+        (30, Site::Residual),
+        (30, Site::Mlp),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let t: Vec<f32> = file
+            .load(layer, site, &cpu, DType::F32)
+            .unwrap()
+            .to_vec()
+            .unwrap();
+        assert_eq!(
+            &data[i * rows * 576..(i + 1) * rows * 576],
+            &t[..],
+            "point {i}"
+        );
+    }
+    assert!(file.load(2, Site::Residual, &cpu, DType::F32).is_err());
+}

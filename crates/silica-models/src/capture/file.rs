@@ -364,8 +364,27 @@ impl ActivationFile {
         let empty = HashMap::new();
         let mut meta = ActivationMeta::from_strings(file.user_metadata().unwrap_or(&empty), path)?;
         if meta.pool == Pool::All {
-            let o = file.load("offsets", &Device::cpu(), DType::I64)?;
-            meta.offsets = Some(o.to_vec::<i64>()?.into_iter().map(|v| v as u64).collect());
+            let (m, bytes) = file.raw("offsets")?;
+            if m.dtype != safetensors::Dtype::I64 || m.shape != [meta.count + 1] {
+                return Err(Error::InvalidInput(format!(
+                    "{}: offsets is {:?} {:?}, expected I64 [{}]",
+                    path.display(),
+                    m.dtype,
+                    m.shape,
+                    meta.count + 1
+                )));
+            }
+            let offsets: Vec<u64> = bytes
+                .chunks_exact(8)
+                .map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8])).max(0) as u64)
+                .collect();
+            if offsets.windows(2).any(|w| w[1] < w[0]) {
+                return Err(Error::InvalidInput(format!(
+                    "{}: offsets are not increasing",
+                    path.display()
+                )));
+            }
+            meta.offsets = Some(offsets);
         }
         for &(l, s) in &meta.points {
             let name = ActivationMeta::tensor_name(l, s);
