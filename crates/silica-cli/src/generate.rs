@@ -9,6 +9,7 @@ use silica_models::chat::{Message, ModelTemplate};
 use silica_models::generate::{GenerationStats, check_prompt};
 use silica_models::gguf::GgufFile;
 use silica_models::llama::{Llama, LlamaConfig, LoadOptions};
+use silica_models::lora::LoraAdapter;
 use silica_models::resolve;
 use silica_models::sampling::{Sampler, SamplingParams};
 use silica_models::tokenizer::{TokenStream, Tokenizer};
@@ -74,6 +75,12 @@ pub struct GenerateArgs {
     /// quantized on the device (more memory; the reference path).
     #[arg(long)]
     dequantize: bool,
+    /// A LoRA adapter to apply: a PEFT folder (adapter_config.json +
+    /// adapter_model.safetensors), its .safetensors file, or a llama.cpp
+    /// .gguf adapter; `:SCALE` after the path scales it (default 1).
+    /// Repeat for several adapters at once.
+    #[arg(long, value_name = "PATH[:SCALE]", value_parser = parse_lora)]
+    lora: Vec<(PathBuf, f32)>,
     /// Time every GPU kernel of the decode (timestamp queries; also
     /// SILICA_PROFILE=1) and print a table per generated token to stderr.
     /// Profiling slows decoding: the speed to quote is the one without it.
@@ -125,6 +132,46 @@ fn parse_penalty(s: &str) -> Result<f32, String> {
         v if v > 0.0 => Ok(v),
         _ => Err("expected a number above 0 (1: off)".to_string()),
     }
+}
+
+/// `PATH[:SCALE]` of `--lora`: a final `:number` is the scale (so paths
+/// with colons still work), 1 otherwise.
+pub fn parse_lora(s: &str) -> Result<(PathBuf, f32), String> {
+    if s.is_empty() {
+        return Err("expected PATH or PATH:SCALE".to_string());
+    }
+    if let Some((path, scale)) = s.rsplit_once(':')
+        && !path.is_empty()
+        && let Ok(v) = scale.trim().parse::<f32>()
+    {
+        if !v.is_finite() {
+            return Err(format!("the scale {scale:?} is not a finite number"));
+        }
+        return Ok((PathBuf::from(path), v));
+    }
+    Ok((PathBuf::from(s), 1.0))
+}
+
+/// The adapters of `--lora` for a base of shape `config`, on `device` in
+/// `dtype`, each with its scale.
+pub fn open_adapters(
+    specs: &[(PathBuf, f32)],
+    config: &LlamaConfig,
+    device: &Device,
+    dtype: DType,
+) -> Result<Vec<(LoraAdapter, f32)>, CliError> {
+    specs
+        .iter()
+        .map(|(path, scale)| {
+            if !path.exists() {
+                return Err(CliError::msg(format!(
+                    "--lora {}: no such file or folder",
+                    path.display()
+                )));
+            }
+            Ok((LoraAdapter::open(path, config, device, dtype)?, *scale))
+        })
+        .collect()
 }
 
 fn parse_stop(s: &str) -> Result<String, String> {
@@ -215,6 +262,7 @@ pub fn run(args: &GenerateArgs) -> Result<(), CliError> {
     let load_start = Instant::now();
     let gguf = GgufFile::open(&path)?;
     let config = LlamaConfig::from_gguf(&gguf)?;
+    let adapters = open_adapters(&args.lora, &config, &device, dtype)?;
     let opts = LoadOptions {
         dtype,
         dequantize: args.dequantize,
@@ -234,7 +282,11 @@ pub fn run(args: &GenerateArgs) -> Result<(), CliError> {
     });
     let (tokenizer, prompt_ids, template) = tokenized?;
     check_prompt(prompt_ids.len(), config.context_length)?;
-    let model = model?;
+    let mut model = model?;
+    if !adapters.is_empty() {
+        let refs: Vec<(&LoraAdapter, f32)> = adapters.iter().map(|(a, s)| (a, *s)).collect();
+        model.set_adapters(&refs)?;
+    }
     let model_name = gguf
         .get("general.name")
         .and_then(|v| v.as_str())
@@ -246,6 +298,13 @@ pub fn run(args: &GenerateArgs) -> Result<(), CliError> {
         model.config.n_layers,
         load_start.elapsed().as_secs_f64()
     );
+    for (adapter, scale) in &adapters {
+        eprintln!(
+            "silica: LoRA adapter {} at scale {scale} ({} tensors)",
+            adapter.path().display(),
+            adapter.weights().count()
+        );
+    }
     // --profile covers the decode: off during the prefill (SILICA_PROFILE=1
     // turned it on with the device), on from the first piece of text
     let profile = args.profile || silica::GpuOptions::from_env().profile;

@@ -17,6 +17,11 @@
 //! * tensors of a type silica cannot decode (IQ formats, integers) are
 //!   copied unchanged.
 //!
+//! With `--lora`, adapters are merged into the weights they touch before
+//! those are encoded: `W + s · B · A` in f32, row slice by row slice
+//! (a tensor an adapter touches is re-encoded even where its type does not
+//! change); the output is a plain GGUF model.
+//!
 //! Tensors are converted one slice of rows at a time and streamed to the
 //! output, so memory holds the memory-mapped input and a few MiB more. The
 //! output is written to `OUTPUT.partial` and renamed when complete.
@@ -28,7 +33,9 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use half::f16;
+use silica::{DType, Device};
 use silica_models::gguf::{GgmlType, GgufFile, GgufWriter, MetaValue, TensorSink};
+use silica_models::llama::LlamaConfig;
 use silica_models::{kquant, quant};
 
 use crate::CliError;
@@ -51,6 +58,11 @@ pub struct QuantizeArgs {
     /// Seed of the random weights of --synthetic.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// A LoRA adapter to merge into the weights (PEFT folder, its
+    /// .safetensors, or a llama.cpp .gguf adapter), `:SCALE` after the path
+    /// to scale it (default 1). Repeat for several.
+    #[arg(long, value_name = "PATH[:SCALE]", value_parser = crate::generate::parse_lora)]
+    lora: Vec<(PathBuf, f32)>,
 }
 
 /// The types `--type` accepts: (name, ggml type, llama.cpp `LLAMA_FTYPE`
@@ -188,6 +200,11 @@ fn convert_rows(
 pub fn run(args: &QuantizeArgs) -> Result<(), CliError> {
     let target = Target::parse(&args.ty)?;
     let (source, output) = match (&args.synthetic, args.paths.as_slice()) {
+        (Some(_), _) if !args.lora.is_empty() => {
+            return Err(CliError::msg(
+                "--lora merges into an INPUT model, not a --synthetic one".into(),
+            ));
+        }
         (Some(name), [output]) => (Source::Synthetic(name), output),
         (None, [input, output]) => (Source::File(input), output),
         (Some(_), _) => {
@@ -206,7 +223,7 @@ pub fn run(args: &QuantizeArgs) -> Result<(), CliError> {
     let written = match source {
         Source::Synthetic(name) => synthetic::Shape::by_name(name)
             .and_then(|shape| synthetic::write(shape, target, args.seed, &partial)),
-        Source::File(input) => convert(input, target, &partial),
+        Source::File(input) => convert(input, target, &args.lora, &partial),
     };
     let stats = match written {
         Ok(stats) => stats,
@@ -255,12 +272,25 @@ fn partial_path(output: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
-/// Converts the GGUF file `input` to `target`, writing `output`.
-fn convert(input: &Path, target: Target, output: &Path) -> Result<Stats, CliError> {
+/// Converts the GGUF file `input` to `target` with the adapters of `lora`
+/// merged in, writing `output`.
+fn convert(
+    input: &Path,
+    target: Target,
+    lora: &[(PathBuf, f32)],
+    output: &Path,
+) -> Result<Stats, CliError> {
     if !input.is_file() {
         return Err(CliError::msg(format!("{}: no such file", input.display())));
     }
     let file = GgufFile::open(input)?;
+    let adapters = if lora.is_empty() {
+        Vec::new()
+    } else {
+        let config = LlamaConfig::from_gguf(&file)?;
+        crate::generate::open_adapters(lora, &config, &Device::cpu(), DType::F32)?
+    };
+    let adapted = |name: &str| adapters.iter().any(|(a, _)| a.get(name).is_some());
     let mut w = GgufWriter::new();
     for (key, value) in file.metadata() {
         w.metadata(key.as_str(), value.clone())?;
@@ -273,6 +303,11 @@ fn convert(input: &Path, target: Target, output: &Path) -> Result<Stats, CliErro
         let planned = target.tensor_type(&info.name, &shape);
         let ty = if info.ggml_type == planned || quant::is_supported(info.ggml_type) {
             planned
+        } else if adapted(&info.name) {
+            return Err(CliError::msg(format!(
+                "--lora: tensor '{}' is {}, which silica cannot decode to merge an adapter into",
+                info.name, info.ggml_type
+            )));
         } else {
             kept.push(format!("'{}' ({})", info.name, info.ggml_type));
             info.ggml_type
@@ -287,6 +322,13 @@ fn convert(input: &Path, target: Target, output: &Path) -> Result<Stats, CliErro
         plan.len(),
         target.ty
     );
+    for (adapter, scale) in &adapters {
+        eprintln!(
+            "silica: merging LoRA adapter {} at scale {scale} into {} tensors",
+            adapter.path().display(),
+            adapter.weights().count()
+        );
+    }
     if !kept.is_empty() {
         eprintln!(
             "silica: copied unchanged, of types silica cannot decode: {}",
@@ -299,7 +341,7 @@ fn convert(input: &Path, target: Target, output: &Path) -> Result<Stats, CliErro
         progress.tensor(&info.name, info.ggml_type, ty);
         let bytes = file.tensor_bytes(info);
         out.write_tensor_with(&info.name, |sink| -> Result<(), CliError> {
-            if ty == info.ggml_type {
+            if ty == info.ggml_type && !adapted(&info.name) {
                 sink.write(bytes)?;
                 progress.advance(info.numel());
                 return Ok(());
@@ -311,8 +353,12 @@ fn convert(input: &Path, target: Target, output: &Path) -> Result<Stats, CliErro
             let row_bytes = bytes.len() / rows;
             let produce = |first: usize, n: usize| -> Result<Vec<f32>, CliError> {
                 let slice = &bytes[first * row_bytes..(first + n) * row_bytes];
-                quant::dequantize(info.ggml_type, slice, n * row_len)
-                    .map_err(|e| CliError::msg(format!("tensor '{}': {e}", info.name)))
+                let mut values = quant::dequantize(info.ggml_type, slice, n * row_len)
+                    .map_err(|e| CliError::msg(format!("tensor '{}': {e}", info.name)))?;
+                for (adapter, scale) in &adapters {
+                    adapter.merge_rows(&info.name, first, &mut values, *scale)?;
+                }
+                Ok(values)
             };
             convert_rows(sink, ty, rows, row_len, produce, &mut progress)
         })?;

@@ -10,6 +10,7 @@ pub mod generate;
 pub mod gguf;
 pub mod kquant;
 pub mod llama;
+pub mod lora;
 pub mod perplexity;
 pub mod probe;
 pub mod quant;

@@ -12,7 +12,9 @@
 //! additions (sliding windows, soft-capping, GeGLU, post-norms) are in
 //! `gemma.rs`; the other architectures never take their path. The shape
 //! of a model, as its GGUF metadata gives it, and the rotary angles it
-//! implies are in `config.rs`.
+//! implies are in `config.rs`. LoRA adapters ([`Llama::set_adapters`],
+//! read by `crate::lora`) add a low-rank update beside each adapted
+//! product inside `block`, so every path through it sees them.
 
 use std::path::Path;
 
@@ -20,6 +22,7 @@ pub use silica::RopeStyle;
 use silica::{DType, Device, QFuse, QTensor, QuantFormat, Tensor};
 
 use crate::gguf::GgufFile;
+use crate::lora::{self, LoraAdapter};
 use crate::quant;
 use crate::{Error, Result};
 
@@ -75,14 +78,62 @@ impl Weight {
         }
     }
 
-    /// `residual + x @ wᵀ`.
-    fn add_to(&self, x: &Tensor, residual: &Tensor) -> silica::Result<Tensor> {
+    /// `x @ wᵀ`, plus the adapters' update where `lora` is given.
+    fn apply_with(&self, x: &Tensor, lora: Option<&LowRank>) -> silica::Result<Tensor> {
+        match lora {
+            None => self.apply(x),
+            Some(lr) => self.add_to(x, &lr.delta(x)?, None),
+        }
+    }
+
+    /// `residual + x @ wᵀ`, plus the adapters' update where `lora` is
+    /// given (added to the residual first, so that the product keeps its
+    /// fused residual sum).
+    fn add_to(
+        &self,
+        x: &Tensor,
+        residual: &Tensor,
+        lora: Option<&LowRank>,
+    ) -> silica::Result<Tensor> {
+        let with_delta;
+        let residual = match lora {
+            Some(lr) => {
+                with_delta = residual.add(&lr.delta(x)?)?;
+                &with_delta
+            }
+            None => residual,
+        };
         let fuse = QFuse {
             residual: Some(residual),
             ..QFuse::default()
         };
         self.fused(x, fuse)
     }
+}
+
+/// The active adapters' update of one product, their parts side by side
+/// along the rank: `delta(x) = (x @ a) @ b`, each adapter's scale folded
+/// into its columns of `b`. For a stacked product, each part's columns of
+/// `b` are zero outside that part's rows, so the delta is the parts'
+/// deltas concatenated.
+struct LowRank {
+    a: Tensor, // [in, total rank]
+    b: Tensor, // [total rank, out]
+}
+
+impl LowRank {
+    fn delta(&self, x: &Tensor) -> silica::Result<Tensor> {
+        x.matmul(&self.a)?.matmul(&self.b)
+    }
+}
+
+/// The updates of one layer's products (none where no adapter touches them).
+#[derive(Default)]
+struct LayerLora {
+    qkv: Option<LowRank>,
+    wo: Option<LowRank>,
+    gate_up: Option<LowRank>,
+    down: Option<LowRank>,
 }
 
 /// Projections of one input whose outputs are used side by side (Q, K and
@@ -98,14 +149,32 @@ impl Stacked {
     /// The parts' outputs for `rms_norm(x)` side by side, `[t, rows of
     /// all parts]`, plus `bias` (the parts' biases stacked) where given:
     /// one product (the norm fused in) for stacked weights.
+    /// With `lora`, the norm runs on its own (the update needs the normed
+    /// input too) and the update goes in as the product's fused residual.
     fn apply(
         &self,
         x: &Tensor,
         norm: (&Tensor, f32),
         bias: Option<&Tensor>,
+        lora: Option<&LowRank>,
     ) -> silica::Result<Tensor> {
-        let y = match self {
-            Stacked::Split(parts) => {
+        let y = match (self, lora) {
+            (_, Some(lr)) => {
+                let hn = x.rms_norm(norm.0, norm.1)?;
+                let delta = lr.delta(&hn)?;
+                match self {
+                    Stacked::Fused(w) => w.add_to(&hn, &delta, None)?,
+                    Stacked::Split(parts) => {
+                        let ys: Vec<Tensor> = parts
+                            .iter()
+                            .map(|w| w.apply(&hn))
+                            .collect::<silica::Result<_>>()?;
+                        let refs: Vec<&Tensor> = ys.iter().collect();
+                        Tensor::cat(&refs, -1)?.add(&delta)?
+                    }
+                }
+            }
+            (Stacked::Split(parts), None) => {
                 let hn = x.rms_norm(norm.0, norm.1)?;
                 let ys: Vec<Tensor> = parts
                     .iter()
@@ -114,7 +183,7 @@ impl Stacked {
                 let refs: Vec<&Tensor> = ys.iter().collect();
                 Tensor::cat(&refs, -1)?
             }
-            Stacked::Fused(w) => {
+            (Stacked::Fused(w), None) => {
                 let fuse = QFuse {
                     rms_norm: Some(norm),
                     ..QFuse::default()
@@ -129,8 +198,20 @@ impl Stacked {
     }
 
     /// `silu(gate) * up` of `rms_norm(x)` for the gate and up projections:
-    /// one kernel for stacked quantized weights on a GPU at decode.
-    fn swiglu(&self, x: &Tensor, norm: (&Tensor, f32)) -> silica::Result<Tensor> {
+    /// one kernel for stacked quantized weights on a GPU at decode. With
+    /// `lora`, the update joins the products before the activation (the
+    /// activation runs on its own).
+    fn swiglu(
+        &self,
+        x: &Tensor,
+        norm: (&Tensor, f32),
+        lora: Option<&LowRank>,
+    ) -> silica::Result<Tensor> {
+        if lora.is_some() {
+            let y = self.apply(x, norm, None, lora)?;
+            let n = y.dim(-1)? / 2;
+            return y.narrow(-1, 0, n)?.swiglu(&y.narrow(-1, n, n)?);
+        }
         match self {
             Stacked::Fused(w) => {
                 let fuse = QFuse {
@@ -149,16 +230,21 @@ impl Stacked {
 
     /// GeGLU, `gelu_tanh(gate) * up` of `rms_norm(x)` for the gate and up
     /// projections (Gemma).
-    fn geglu(&self, x: &Tensor, norm: (&Tensor, f32)) -> silica::Result<Tensor> {
+    fn geglu(
+        &self,
+        x: &Tensor,
+        norm: (&Tensor, f32),
+        lora: Option<&LowRank>,
+    ) -> silica::Result<Tensor> {
         let (gate, up) = match self {
-            Stacked::Fused(_) => {
-                let y = self.apply(x, norm, None)?;
-                let n = y.dim(-1)? / 2;
-                (y.narrow(-1, 0, n)?, y.narrow(-1, n, n)?)
-            }
-            Stacked::Split(parts) => {
+            Stacked::Split(parts) if lora.is_none() => {
                 let hn = x.rms_norm(norm.0, norm.1)?;
                 (parts[0].apply(&hn)?, parts[1].apply(&hn)?)
+            }
+            _ => {
+                let y = self.apply(x, norm, None, lora)?;
+                let n = y.dim(-1)? / 2;
+                (y.narrow(-1, 0, n)?, y.narrow(-1, n, n)?)
             }
         };
         gate.gelu_tanh()?.mul(&up)
@@ -208,6 +294,8 @@ pub struct Llama {
     /// (`rope_freqs.weight`, `[hd / 2]`), or Phi-3's LongRoPE ones for its
     /// context (`[rope_dim / 2]`).
     rope_freqs: Option<Vec<f32>>,
+    /// The active adapters' updates per layer (empty: none active).
+    lora: Vec<LayerLora>,
 }
 
 /// Keys and values of the positions seen so far, per layer: `[capacity,
@@ -522,6 +610,7 @@ impl Llama {
             embed,
             layers,
             lm_head,
+            lora: Vec::new(),
         })
     }
 
@@ -532,6 +621,151 @@ impl Llama {
 
     pub fn device(&self) -> &Device {
         &self.device
+    }
+
+    /// Applies `adapters` (each with the scale it runs at, times its own
+    /// `alpha / r`) from the next forward pass on, in place of those set
+    /// before; an empty list turns them off. The base weights stay as they
+    /// are: each adapted product gains `(x @ Aᵀ) @ Bᵀ` beside it, all
+    /// adapters of a product (and the parts of a stacked one) in one pair
+    /// of small products. Changing a scale means calling this again, which
+    /// rebuilds those pairs on the device from the adapters' tensors
+    /// (nothing is read from a file). An adapter made for another model's
+    /// shapes is an error naming the tensor.
+    ///
+    /// ```no_run
+    /// # use silica::{DType, Device};
+    /// # use silica_models::{gguf::GgufFile, llama::Llama, lora::LoraAdapter};
+    /// # let dev = Device::cpu();
+    /// # let mut model = Llama::load(&GgufFile::open("base.gguf")?, &dev, DType::F32)?;
+    /// let style = LoraAdapter::open("style/", &model.config, &dev, DType::F32)?;
+    /// let facts = LoraAdapter::open("facts.gguf", &model.config, &dev, DType::F32)?;
+    /// model.set_adapters(&[(&style, 1.0), (&facts, 0.5)])?;
+    /// model.set_adapters(&[(&style, 0.25)])?; // a lighter touch, facts off
+    /// # Ok::<(), silica_models::Error>(())
+    /// ```
+    pub fn set_adapters(&mut self, adapters: &[(&LoraAdapter, f32)]) -> Result<()> {
+        let c = &self.config;
+        for (adapter, _) in adapters {
+            for (name, w) in adapter.weights() {
+                let fits = lora::split_name(name).and_then(|(layer, module)| {
+                    let [out, inp] = lora::base_shape(c, module)?;
+                    let r = w.rank();
+                    (layer < c.n_layers && w.a.shape() == [r, inp] && w.b.shape() == [out, r])
+                        .then_some(())
+                });
+                if fits.is_none() {
+                    return Err(Error::InvalidInput(format!(
+                        "{}: tensor '{name}' (lora_a {:?}, lora_b {:?}) does not fit this {} \
+                         model of {} layers",
+                        adapter.path().display(),
+                        w.a.shape(),
+                        w.b.shape(),
+                        c.architecture,
+                        c.n_layers
+                    )));
+                }
+            }
+        }
+        let d = c.d_model;
+        let (qd, kvd) = (c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim);
+        // (GGUF module, rows) of the stacked products' parts, in order
+        let stacked: [Vec<(&str, usize)>; 2] = if c.phi3.is_some() {
+            [
+                vec![("attn_qkv", qd + 2 * kvd)],
+                vec![("ffn_up", 2 * c.ffn_dim)],
+            ]
+        } else {
+            [
+                vec![("attn_q", qd), ("attn_k", kvd), ("attn_v", kvd)],
+                vec![("ffn_gate", c.ffn_dim), ("ffn_up", c.ffn_dim)],
+            ]
+        };
+        let [qkv_parts, gate_up_parts] = &stacked;
+        // the rows of the stacked Q/K/V as silica reordered them at load (Phi-4-mini)
+        let qkv_order = c
+            .phi3
+            .as_ref()
+            .and_then(|p| p.qkv_row_order(c.head_dim, c.n_heads, c.n_kv_heads));
+        let mut layers = Vec::with_capacity(c.n_layers);
+        for li in 0..c.n_layers {
+            let build = |parts: &[(&str, usize)], order: Option<&[usize]>| {
+                self.low_rank(li, parts, order, adapters)
+            };
+            layers.push(LayerLora {
+                qkv: build(qkv_parts, qkv_order.as_deref())?,
+                wo: build(&[("attn_output", d)], None)?,
+                gate_up: build(gate_up_parts, None)?,
+                down: build(&[("ffn_down", d)], None)?,
+            });
+        }
+        let any = layers
+            .iter()
+            .any(|l| l.qkv.is_some() || l.wo.is_some() || l.gate_up.is_some() || l.down.is_some());
+        self.lora = if any { layers } else { Vec::new() };
+        Ok(())
+    }
+
+    /// True while adapters are set (see [`Llama::set_adapters`]).
+    pub fn has_adapters(&self) -> bool {
+        !self.lora.is_empty()
+    }
+
+    /// The update of layer `li`'s product whose rows are `parts` (GGUF
+    /// module names and row counts, stacked in this order, then reordered
+    /// by `order` where given) from `adapters`, or `None` where none of
+    /// them touches it (or all at scale 0).
+    fn low_rank(
+        &self,
+        li: usize,
+        parts: &[(&str, usize)],
+        order: Option<&[usize]>,
+        adapters: &[(&LoraAdapter, f32)],
+    ) -> Result<Option<LowRank>> {
+        let out: usize = parts.iter().map(|p| p.1).sum();
+        let place =
+            |t: &Tensor| -> Result<Tensor> { Ok(t.to_device(&self.device)?.to_dtype(self.dtype)?) };
+        let zeros = |rows: usize, r: usize| Tensor::zeros(&[rows, r], self.dtype, &self.device);
+        let (mut a_rows, mut b_cols) = (Vec::new(), Vec::new());
+        let mut offset = 0;
+        for &(module, rows) in parts {
+            let name = format!("blk.{li}.{module}.weight");
+            for &(adapter, scale) in adapters {
+                let Some(w) = adapter.get(&name) else {
+                    continue;
+                };
+                if scale == 0.0 {
+                    continue;
+                }
+                let r = w.rank();
+                a_rows.push(place(&w.a)?); // [r, in]
+                let b = place(&w.b)?.mul_scalar(scale * w.scale)?; // [rows, r]
+                // this part's rows of the stacked output, zero elsewhere
+                let mut col = Vec::with_capacity(3);
+                if offset > 0 {
+                    col.push(zeros(offset, r)?);
+                }
+                col.push(b);
+                if offset + rows < out {
+                    col.push(zeros(out - offset - rows, r)?);
+                }
+                let refs: Vec<&Tensor> = col.iter().collect();
+                b_cols.push(Tensor::cat(&refs, 0)?); // [out, r]
+            }
+            offset += rows;
+        }
+        if a_rows.is_empty() {
+            return Ok(None);
+        }
+        let refs: Vec<&Tensor> = a_rows.iter().collect();
+        let a = Tensor::cat(&refs, 0)?.t()?.contiguous()?; // [in, R]
+        let refs: Vec<&Tensor> = b_cols.iter().collect();
+        let mut b = Tensor::cat(&refs, 1)?; // [out, R]
+        if let Some(order) = order {
+            b = phi3::select_rows(&b, order)?;
+        }
+        let b = b.t()?.contiguous()?; // [R, out]
+        Ok(Some(LowRank { a, b }))
     }
 
     pub fn new_cache(&self) -> KvCache {
@@ -799,9 +1033,15 @@ impl Llama {
         let eps = c.rms_eps as f32;
         let rows = x.shape()[0];
         // [rows, query heads, then key heads, then value heads, hd]
+        let lora = self.lora.get(li);
         let qkv = l
             .qkv
-            .apply(&x, (&l.attn_norm, eps), l.bqkv.as_ref())?
+            .apply(
+                &x,
+                (&l.attn_norm, eps),
+                l.bqkv.as_ref(),
+                lora.and_then(|a| a.qkv.as_ref()),
+            )?
             .reshape(&[rows, h + 2 * kvh, hd])?;
         let qkv = match &l.qk_norm {
             Some((qn, kn)) => qkv.head_norm(qn, kn, h, kvh, eps)?,
@@ -809,30 +1049,35 @@ impl Llama {
         };
         let att = attend(qkv)?.reshape(&[rows, h * hd])?;
         let layer = li + 1;
+        let (lo, lgu, ld) = (
+            lora.and_then(|a| a.wo.as_ref()),
+            lora.and_then(|a| a.gate_up.as_ref()),
+            lora.and_then(|a| a.down.as_ref()),
+        );
         Ok(match &l.post_norms {
             None => {
                 let x = if taps.wants(layer, Site::Attention) {
-                    let a = l.wo.apply(&att)?;
+                    let a = l.wo.apply_with(&att, lo)?;
                     taps.put(layer, Site::Attention, &a)?;
                     a.add(&x)?
                 } else {
-                    l.wo.add_to(&att, &x)?
+                    l.wo.add_to(&att, &x, lo)?
                 };
-                let act = l.gate_up.swiglu(&x, (&l.ffn_norm, eps))?; // [rows, ffn]
+                let act = l.gate_up.swiglu(&x, (&l.ffn_norm, eps), lgu)?; // [rows, ffn]
                 if taps.wants(layer, Site::Mlp) {
-                    let m = l.w_down.apply(&act)?;
+                    let m = l.w_down.apply_with(&act, ld)?;
                     taps.put(layer, Site::Mlp, &m)?;
                     m.add(&x)?
                 } else {
-                    l.w_down.add_to(&act, &x)?
+                    l.w_down.add_to(&act, &x, ld)?
                 }
             }
             Some((post_attn, post_ffn)) => {
-                let a = l.wo.apply(&att)?.rms_norm(post_attn, eps)?;
+                let a = l.wo.apply_with(&att, lo)?.rms_norm(post_attn, eps)?;
                 taps.put(layer, Site::Attention, &a)?;
                 let x = a.add(&x)?;
-                let act = l.gate_up.geglu(&x, (&l.ffn_norm, eps))?; // [rows, ffn]
-                let m = l.w_down.apply(&act)?.rms_norm(post_ffn, eps)?;
+                let act = l.gate_up.geglu(&x, (&l.ffn_norm, eps), lgu)?; // [rows, ffn]
+                let m = l.w_down.apply_with(&act, ld)?.rms_norm(post_ffn, eps)?;
                 taps.put(layer, Site::Mlp, &m)?;
                 m.add(&x)?
             }
