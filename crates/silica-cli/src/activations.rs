@@ -433,13 +433,9 @@ pub fn run(args: &ActivationsArgs) -> Result<(), CliError> {
         pool.name(),
         prompts.len() as f64 / secs.max(1e-9),
         load_time.as_secs_f64(),
-        device_name(&device),
+        device.info().name,
         args.output.display()
     ))
-}
-
-pub fn device_name(device: &Device) -> String {
-    device.info().name
 }
 
 #[cfg(test)]

@@ -16,6 +16,7 @@ use silica_models::perplexity::{
 use silica_models::resolve;
 use silica_models::tokenizer::Tokenizer;
 
+use crate::activations::parse_positive;
 use crate::{CliError, emit};
 
 #[derive(clap::Args)]
@@ -72,13 +73,6 @@ pub struct PerplexityArgs {
     /// rounds them to 8 bits (as SILICA_CPU_INT8=0 and SILICA_INTEGER_GEMV=0).
     #[arg(long)]
     exact: bool,
-}
-
-fn parse_positive(s: &str) -> Result<usize, String> {
-    match s.trim().parse::<usize>() {
-        Ok(v) if v > 0 => Ok(v),
-        _ => Err("expected a whole number, 1 or more".to_string()),
-    }
 }
 
 /// The text of `path` ("-": standard input), which must not be blank.

@@ -292,7 +292,7 @@ fn train(args: &TrainArgs) -> Result<(), CliError> {
         classes.join(", "),
         train_rows.len(),
         test_rows.len(),
-        crate::activations::device_name(&device)
+        device.info().name
     )?;
     let mut probes: Vec<LinearProbe> = Vec::new();
     for &layer in &layers {

@@ -244,7 +244,11 @@ impl<'a> Runner<'a> {
     }
 
     /// The forward pass of `plan`: the logits rows on the host, or the error.
-    fn forward(&self, seqs: &mut [Seq<'a>], plan: &[(usize, Vec<u32>)]) -> Result<Logits, String> {
+    fn forward(
+        &self,
+        seqs: &mut [Seq<'a>],
+        plan: &[(usize, Vec<u32>)],
+    ) -> silica_models::Result<Logits> {
         let mut caches: Vec<Option<&mut KvCache>> =
             seqs.iter_mut().map(|s| Some(&mut s.cache)).collect();
         let mut steps: Vec<SeqStep> = Vec::with_capacity(plan.len());
@@ -254,16 +258,13 @@ impl<'a> Runner<'a> {
                 .expect("a sequence appears once in a step");
             steps.push(SeqStep { ids, cache });
         }
-        let logits = self
-            .model
-            .forward_batch(&mut steps)
-            .map_err(|e| e.to_string())?;
+        let logits = self.model.forward_batch(&mut steps)?;
         drop(steps);
         let greedy: Vec<bool> = plan
             .iter()
             .map(|(i, _)| seqs[*i].sampler.is_argmax())
             .collect();
-        Logits::read(&logits, &greedy).map_err(|e| e.to_string())
+        Ok(Logits::read(&logits, &greedy)?)
     }
 
     /// Takes one step's result for `s` (it fed `fed` tokens; its logits are
@@ -380,10 +381,9 @@ impl<'a> Runner<'a> {
     }
 }
 
-fn fail(job: &Job, e: &str) {
-    let oom = e.contains("out of memory") || e.contains("OutOfMemory");
+fn fail(job: &Job, e: &silica_models::Error) {
     let _ = job.events.send(Event::Failed {
-        status: if oom { 503 } else { 500 },
+        status: if super::is_oom(e) { 503 } else { 500 },
         message: e.to_string(),
     });
 }

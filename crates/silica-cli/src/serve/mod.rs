@@ -289,6 +289,15 @@ fn load(
     })
 }
 
+/// Whether `e` is the device running out of memory (answered 503: the
+/// request may succeed later, the server goes on).
+fn is_oom(e: &silica_models::Error) -> bool {
+    matches!(
+        e,
+        silica_models::Error::Tensor(silica::Error::OutOfMemory { .. })
+    )
+}
+
 fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -626,15 +635,25 @@ async fn chat_inner(
     let prompt = template
         .encode(&l.tokenizer, &messages, true)
         .map_err(|e| ApiError::bad(e.to_string()).param("messages"))?;
-    let (job, rx) = job(l, &req.sampling, prompt)?;
-    let include_usage = req
-        .sampling
+    generate(state, l, &req.sampling, prompt, Kind::Chat).await
+}
+
+/// Queues `prompt` under `sampling`'s settings and answers with its result,
+/// streamed or whole.
+async fn generate(
+    state: &AppState,
+    l: &Loaded,
+    sampling: &Sampling,
+    prompt: Vec<u32>,
+    kind: Kind,
+) -> Result<Response, ApiError> {
+    let (job, rx) = job(l, sampling, prompt)?;
+    let include_usage = sampling
         .stream_options
         .as_ref()
         .is_some_and(|o| o.include_usage);
-    let stream = req.sampling.stream;
     submit(state, l, job)?;
-    respond(l, rx, Kind::Chat, stream, include_usage).await
+    respond(l, rx, kind, sampling.stream, include_usage).await
 }
 
 async fn completions(State(state): State<Shared>, headers: HeaderMap, body: Bytes) -> Response {
@@ -658,15 +677,7 @@ async fn completions_inner(
     };
     let prompt = encode_prompt(&l.tokenizer, &text)
         .map_err(|e| ApiError::bad(e.to_string()).param("prompt"))?;
-    let (job, rx) = job(l, &req.sampling, prompt)?;
-    let include_usage = req
-        .sampling
-        .stream_options
-        .as_ref()
-        .is_some_and(|o| o.include_usage);
-    let stream = req.sampling.stream;
-    submit(state, l, job)?;
-    respond(l, rx, Kind::Text, stream, include_usage).await
+    generate(state, l, &req.sampling, prompt, Kind::Text).await
 }
 
 fn finish(state: &AppState, endpoint: &'static str, r: Result<Response, ApiError>) -> Response {
@@ -894,11 +905,14 @@ async fn embeddings_inner(
         )
     })?
     .map_err(|e| {
-        let msg = e.to_string();
-        if msg.contains("out of memory") {
-            ApiError::status(StatusCode::SERVICE_UNAVAILABLE, "server_error", msg)
+        if is_oom(&e) {
+            ApiError::status(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                e.to_string(),
+            )
         } else {
-            ApiError::bad(msg)
+            ApiError::bad(e.to_string())
         }
     })?;
     if let Some(d) = req.dimensions
