@@ -13,7 +13,8 @@ Dtypes are strings: ``"f32"``, ``"f16"``, ``"bf16"`` (compute types),
 ``"u32"`` and ``"i64"`` (indices and masks); NumPy's names and dtype objects
 are accepted wherever a dtype is. NumPy has no bfloat16: bf16 tensors come
 back as float32 (exactly), and ``ml_dtypes.bfloat16`` arrays become bf16
-tensors. ``.numpy()`` and ``silica.tensor()`` each make one copy.
+tensors. ``silica.tensor()`` makes one copy; ``.numpy()`` of a CPU tensor
+is a read-only view of its memory (bf16 excepted), of a GPU tensor one copy.
 
 Errors raise with the Rust message: ``ValueError`` (shapes, arguments,
 devices that differ), ``TypeError`` (dtypes), ``IndexError`` (dimensions,
@@ -199,12 +200,15 @@ class Tensor:
         """Whether the elements are laid out in row-major order."""
     # conversions
     def numpy(self) -> np.ndarray:
-        """A NumPy array holding a copy of the elements (bf16 as float32;
-        from a GPU this waits for the work that produces them)."""
+        """The elements as a NumPy array: on the CPU a read-only view
+        sharing the tensor's memory (bf16, as float32, is a copy); from a
+        GPU one copy, after the work that produces them."""
     __array_ufunc__: None
     """NumPy leaves ``ndarray <op> Tensor`` to the tensor."""
     def __array__(self, dtype: Optional[_DTypeLike] = None, copy: Optional[bool] = None) -> np.ndarray:
-        """NumPy's array protocol: ``numpy.asarray(t)`` (always a copy)."""
+        """NumPy's array protocol: ``numpy.asarray(t)`` is ``t.numpy()``,
+        ``numpy.array(t)`` a writable copy; ``copy=False`` raises where no
+        view is possible."""
     def tolist(self) -> Any:
         """The elements as nested Python lists."""
     def item(self) -> Union[int, float]:

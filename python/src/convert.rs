@@ -1,19 +1,21 @@
 //! NumPy arrays to tensors and back.
 //!
-//! Each direction makes one copy: an array's elements are read straight
-//! into the tensor's storage (on a GPU, uploaded from the array's memory),
-//! and a tensor's elements are read back into a vector that the new array
-//! then owns. (Sharing memory with NumPy would need a way to reach a CPU
-//! tensor's storage, which silica's `Tensor` does not expose.)
+//! An array's elements are read straight into the tensor's storage (on a
+//! GPU, uploaded from the array's memory): one copy. A CPU tensor's
+//! `.numpy()` is a read-only view of its storage, with its strides, kept
+//! alive by the tensor (silica's tensors never change under a view);
+//! a GPU tensor's is one read-back into a vector the array then owns.
 //!
 //! NumPy has no bfloat16: a bf16 tensor comes back as float32 (exactly:
 //! every bf16 value is a float32 value), and an `ml_dtypes.bfloat16` array
 //! becomes a bf16 tensor. float64 becomes f32, bool becomes u32 (silica's
 //! masks), and other integer types become i64.
 
-use numpy::{PyArray1, PyArrayDyn, PyArrayMethods, PyUntypedArrayMethods};
+use numpy::ndarray::{ArrayView, IxDyn, ShapeBuilder};
+use numpy::{PyArray, PyArray1, PyArrayDyn, PyArrayMethods, PyUntypedArrayMethods};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 use silica::{DType, Device, Tensor};
 
 use crate::errors::{Res, detach};
@@ -108,6 +110,44 @@ where
     detach(arr.py(), || {
         Ok(Tensor::from_slice(view(data), &shape, device)?)
     })
+}
+
+/// A read-only NumPy view of the CPU tensor in `owner`, sharing its
+/// storage, or `None` where the elements cannot be shared (a GPU tensor;
+/// bf16, which NumPy lacks).
+pub fn numpy_view<'py>(owner: &Bound<'py, PyTensor>) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let t = &owner.get().t;
+    let arr = match t.dtype() {
+        DType::F32 => view::<f32>(owner, t)?,
+        DType::F16 => view::<half::f16>(owner, t)?,
+        DType::U32 => view::<u32>(owner, t)?,
+        DType::I64 => view::<i64>(owner, t)?,
+        DType::BF16 => None,
+    };
+    let Some(arr) = arr else { return Ok(None) };
+    let kw = PyDict::new(owner.py());
+    kw.set_item("write", false)?;
+    arr.call_method("setflags", (), Some(&kw))?;
+    Ok(Some(arr))
+}
+
+fn view<'py, T>(owner: &Bound<'py, PyTensor>, t: &Tensor) -> PyResult<Option<Bound<'py, PyAny>>>
+where
+    T: silica::Element + numpy::Element,
+{
+    let Some(data) = t.host_storage::<T>() else {
+        return Ok(None);
+    };
+    let l = t.layout();
+    let shape = IxDyn(l.shape()).strides(IxDyn(l.strides()));
+    // SAFETY: the layout addresses elements inside `data` (offset plus
+    // strides stay below the storage's extent), the storage is never
+    // written while shared, and the array holds `owner`, which holds it.
+    let arr = unsafe {
+        let v = ArrayView::from_shape_ptr(shape, data.as_ptr().wrapping_add(l.offset()));
+        PyArray::borrow_from_array(&v, owner.clone().into_any())
+    };
+    Ok(Some(arr.into_any()))
 }
 
 /// A NumPy array holding a copy of `t`'s elements (bf16 as float32).

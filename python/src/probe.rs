@@ -15,7 +15,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString};
 use silica::{DType, Tensor};
 use silica_models::bert::SentenceEncoder;
-use silica_models::capture::{CaptureSpec, Pool, Site};
+use silica_models::capture::{CaptureSpec, Pool, Site, Source, batches};
 use silica_models::probe::{self, LinearProbe, Metrics, ProbeKind, ProbeSet, TrainOptions};
 
 use crate::convert::{to_numpy, to_tensor};
@@ -23,10 +23,6 @@ use crate::device::{self, PyDevice};
 use crate::embedder::PyEmbedder;
 use crate::errors::{Failure, Res, detach, value_error};
 use crate::generator::{Decoder, PyGenerator};
-
-/// Tokens (batch size times the longest text) per forward pass at most, as
-/// `silica activations` batches them.
-const TOKENS_PER_BATCH: usize = 8192;
 
 /// A model states are captured from.
 #[derive(Clone)]
@@ -69,25 +65,11 @@ impl CaptureModel {
         Self::from_py(Some(&cls.call1((name,))?), encoder)
     }
 
-    fn n_layers(&self) -> usize {
+    /// The loaded model, borrowed for capture.
+    fn source(&self) -> Source<'_> {
         match self {
-            CaptureModel::Decoder(d) => d.model.config.n_layers,
-            CaptureModel::Encoder(e) => e.model().config().num_hidden_layers,
-        }
-    }
-
-    fn d_model(&self) -> usize {
-        match self {
-            CaptureModel::Decoder(d) => d.model.config.d_model,
-            CaptureModel::Encoder(e) => e.model().config().hidden_size,
-        }
-    }
-
-    /// The architecture as the probe files name it (`bert` for encoders).
-    fn architecture(&self) -> String {
-        match self {
-            CaptureModel::Decoder(d) => d.model.config.architecture.clone(),
-            CaptureModel::Encoder(_) => "bert".into(),
+            CaptureModel::Decoder(d) => Source::Decoder(&d.model, &d.tokenizer),
+            CaptureModel::Encoder(e) => Source::Encoder(e),
         }
     }
 
@@ -97,55 +79,6 @@ impl CaptureModel {
             CaptureModel::Encoder(e) => e.dir().to_path_buf(),
         }
     }
-
-    fn max_tokens(&self) -> usize {
-        match self {
-            CaptureModel::Decoder(d) => d.model.config.context_length,
-            CaptureModel::Encoder(e) => e.max_seq_length(),
-        }
-    }
-
-    /// The ids the model sees (BOS where the decoder wants it; the
-    /// encoder's special tokens and truncation), as `silica activations`.
-    fn tokenize(&self, text: &str) -> Res<Vec<u32>> {
-        Ok(match self {
-            CaptureModel::Decoder(d) => d.tokenizer.encode(text, true)?,
-            CaptureModel::Encoder(e) => e.tokenize(text)?,
-        })
-    }
-
-    fn capture(&self, batch: &[&[u32]], spec: &CaptureSpec) -> Res<Vec<Tensor>> {
-        Ok(match self {
-            CaptureModel::Decoder(d) => d.model.capture(batch, spec)?,
-            CaptureModel::Encoder(e) => e.model().capture(batch, spec)?,
-        })
-    }
-}
-
-/// Batches of text indices: sorted by length within windows of many
-/// batches (little padding), each at most `batch_size` texts and about
-/// `TOKENS_PER_BATCH` tokens (what `silica activations` does).
-fn batches(lens: &[usize], batch_size: usize) -> Vec<Vec<usize>> {
-    let mut out = Vec::new();
-    let order: Vec<usize> = (0..lens.len()).collect();
-    for chunk in order.chunks(batch_size * 64) {
-        let mut chunk = chunk.to_vec();
-        chunk.sort_by_key(|&i| std::cmp::Reverse(lens[i]));
-        let mut cur: Vec<usize> = Vec::new();
-        for i in chunk {
-            let longest = cur.first().map_or(lens[i], |&f| lens[f]);
-            if !cur.is_empty()
-                && (cur.len() == batch_size || (cur.len() + 1) * longest > TOKENS_PER_BATCH)
-            {
-                out.push(std::mem::take(&mut cur));
-            }
-            cur.push(i);
-        }
-        if !cur.is_empty() {
-            out.push(cur);
-        }
-    }
-    out
 }
 
 /// Layer indices as transformers numbers `hidden_states` (0 the
@@ -178,7 +111,7 @@ enum Captured {
 }
 
 fn run_capture(
-    model: &CaptureModel,
+    model: Source<'_>,
     texts: &[String],
     spec: &CaptureSpec,
     batch_size: usize,
@@ -254,18 +187,18 @@ pub fn capture_activations<'py>(
     let m = CaptureModel::from_py(Some(model), false)?;
     let layers = layers.unwrap_or_else(|| vec![-1]);
     let (layers, captured) = detach(py, || {
-        let layers = normalize_layers(&layers, m.n_layers())?;
+        let layers = normalize_layers(&layers, m.source().n_layers())?;
         let spec = CaptureSpec {
             points: layers.iter().map(|&l| (l, site)).collect(),
             pool,
         };
-        spec.check(m.n_layers())?;
+        spec.check(m.source().n_layers())?;
         Ok((
             layers,
-            run_capture(&m, &texts, &spec, batch_size, max_tokens)?,
+            run_capture(m.source(), &texts, &spec, batch_size, max_tokens)?,
         ))
     })?;
-    let d = m.d_model();
+    let d = m.source().d_model();
     let out = PyDict::new(py);
     match captured {
         Captured::Rows(rows) => {
@@ -338,7 +271,7 @@ fn model_meta(model: Option<&Bound<'_, PyAny>>) -> PyResult<(String, String)> {
         return Ok((m.extract()?, String::new()));
     }
     let cm = CaptureModel::from_py(Some(m), false)?;
-    Ok((cm.path().display().to_string(), cm.architecture()))
+    Ok((cm.path().display().to_string(), cm.source().architecture()))
 }
 
 /// `silica.train_probe`.
@@ -559,11 +492,13 @@ impl PyProbe {
                     }
                 };
                 let cm = CaptureModel::from_py(Some(&m), self.set.architecture == "bert")?;
-                if !self.set.architecture.is_empty() && cm.architecture() != self.set.architecture {
+                if !self.set.architecture.is_empty()
+                    && cm.source().architecture() != self.set.architecture
+                {
                     return Err(value_error(format!(
                         "the probe was trained on a {} model's states, not {}",
                         self.set.architecture,
-                        cm.architecture()
+                        cm.source().architecture()
                     )));
                 }
                 let spec = CaptureSpec {
@@ -573,7 +508,7 @@ impl PyProbe {
                 let dev = self.device.clone();
                 detach(py, move || {
                     let Captured::Rows(rows) =
-                        run_capture(&cm, &texts, &spec, batch_size.max(1), None)?
+                        run_capture(cm.source(), &texts, &spec, batch_size.max(1), None)?
                     else {
                         return Err(Failure::Value("probes read one state per text".into()));
                     };

@@ -8,7 +8,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyInt, PyTuple};
 use silica::{AttentionOpts, BinaryOp, CmpOp, DType, ReduceOp, Tensor, UnaryOp};
 
-use crate::convert::{to_numpy, to_tensor};
+use crate::convert::{numpy_view, to_numpy, to_tensor};
 use crate::device::PyDevice;
 use crate::dtype;
 use crate::errors::{Res, detach, value_error};
@@ -141,27 +141,47 @@ impl PyTensor {
 
     // ----- conversions --------------------------------------------------
 
-    /// A NumPy array holding a copy of the elements (bf16 comes back as
-    /// float32, exactly).
-    fn numpy<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        to_numpy(py, &self.t)
+    /// The elements as a NumPy array: on the CPU a read-only view that
+    /// shares the tensor's memory (bf16 excepted), from a GPU one copy.
+    /// bf16 comes back as float32, exactly.
+    fn numpy<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        match numpy_view(slf)? {
+            Some(arr) => Ok(arr),
+            None => to_numpy(slf.py(), &slf.get().t),
+        }
     }
 
-    /// NumPy's array protocol: `numpy.asarray(t)`.
+    /// NumPy's array protocol: `numpy.asarray(t)` (a view on the CPU, as
+    /// `.numpy()`), `numpy.array(t)` (a writable copy).
     #[pyo3(signature = (dtype=None, copy=None))]
     fn __array__<'py>(
-        &self,
-        py: Python<'py>,
+        slf: &Bound<'py, Self>,
         dtype: Option<&Bound<'py, PyAny>>,
         copy: Option<bool>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        if copy == Some(false) {
-            return Err(PyValueError::new_err(
-                "a silica tensor cannot be viewed by NumPy without a copy",
-            ));
-        }
-        let arr = to_numpy(py, &self.t)?;
-        match dtype.filter(|d| !d.is_none()) {
+        let py = slf.py();
+        let dtype = dtype.filter(|d| !d.is_none());
+        let arr = match copy {
+            Some(true) => to_numpy(py, &slf.get().t)?,
+            _ => match numpy_view(slf)? {
+                Some(v) => v,
+                None if copy == Some(false) => {
+                    return Err(PyValueError::new_err(
+                        "only a CPU tensor of f32, f16, u32 or i64 can be viewed by NumPy without a copy",
+                    ));
+                }
+                None => to_numpy(py, &slf.get().t)?,
+            },
+        };
+        match dtype {
+            Some(d) if copy == Some(false) => {
+                if !arr.getattr("dtype")?.eq(d)? {
+                    return Err(PyValueError::new_err(format!(
+                        "viewing as {d} without a copy is not possible"
+                    )));
+                }
+                Ok(arr)
+            }
             Some(d) => arr.call_method1("astype", (d,)),
             None => Ok(arr),
         }

@@ -53,6 +53,45 @@ def test_round_trip_dtypes(device):
     assert silica.tensor(np.zeros((0, 3), np.float32), device=device).shape == (0, 3)
 
 
+def test_cpu_numpy_shares_the_tensor_memory():
+    import gc
+
+    x = rand(3, 4)
+    t = silica.tensor(x)
+    a, b = t.numpy(), t.numpy()
+    # two reads of one tensor are views of the same memory, read-only
+    assert np.shares_memory(a, b) and not a.flags.writeable
+    with pytest.raises(ValueError):
+        a[0, 0] = 1.0
+    np.testing.assert_array_equal(a, x)
+    # a transposed view keeps its strides instead of gathering
+    tt = t.T.numpy()
+    assert np.shares_memory(tt, a) and tt.strides == (4, 16)
+    np.testing.assert_array_equal(tt, x.T)
+    # the array keeps the storage alive after the tensor is gone
+    del t, b, tt
+    gc.collect()
+    np.testing.assert_array_equal(a, x)
+    # asarray is the view, array a writable copy; bf16 cannot be viewed
+    t = silica.tensor(x)
+    assert np.shares_memory(np.asarray(t), t.numpy())
+    c = np.array(t)
+    assert c.flags.writeable and not np.shares_memory(c, t.numpy())
+    assert np.asarray(t, copy=False).base is not None
+    with pytest.raises(ValueError):
+        np.asarray(t.to("bf16"), copy=False)
+    with pytest.raises(ValueError):
+        np.asarray(t, dtype=np.float64, copy=False)
+    np.testing.assert_array_equal(np.asarray(t, dtype=np.float64), x.astype(np.float64))
+
+
+def test_gpu_numpy_is_a_copy(gpu):
+    t = silica.tensor(rand(2, 2), device=gpu)
+    assert t.numpy().flags.writeable
+    with pytest.raises(ValueError):
+        np.asarray(t, copy=False)
+
+
 def test_to_moves_between_devices(device):
     x = rand(2, 5)
     t = silica.tensor(x, device="cpu").to(device)

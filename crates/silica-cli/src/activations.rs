@@ -7,10 +7,10 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use silica::{DType, Device, Tensor};
+use silica::{DType, Device};
 use silica_models::bert::SentenceEncoder;
 use silica_models::capture::{
-    ActivationMeta, ActivationWriter, CaptureSpec, Pool, Site, parse_layers,
+    ActivationMeta, ActivationWriter, CaptureSpec, Pool, Site, Source, batches, parse_layers,
 };
 use silica_models::gguf::GgufFile;
 use silica_models::llama::{Llama, LoadOptions};
@@ -20,8 +20,6 @@ use silica_models::tokenizer::Tokenizer;
 use crate::progress::Progress;
 use crate::{CliError, emit};
 
-/// Tokens (batch size times the longest prompt) per forward pass at most.
-const TOKENS_PER_BATCH: usize = 8192;
 /// Prompt texts are kept in the file's metadata up to this many bytes.
 const TEXTS_MAX_BYTES: usize = 32 << 20;
 
@@ -205,78 +203,13 @@ impl Capturer {
         ))
     }
 
-    pub fn n_layers(&self) -> usize {
+    /// The loaded model, borrowed for capture.
+    pub fn source(&self) -> Source<'_> {
         match self {
-            Capturer::Decoder(m, _) => m.config.n_layers,
-            Capturer::Encoder(e) => e.model().config().num_hidden_layers,
+            Capturer::Decoder(m, t) => Source::Decoder(m, t),
+            Capturer::Encoder(e) => Source::Encoder(e),
         }
     }
-
-    pub fn d_model(&self) -> usize {
-        match self {
-            Capturer::Decoder(m, _) => m.config.d_model,
-            Capturer::Encoder(e) => e.model().config().hidden_size,
-        }
-    }
-
-    pub fn architecture(&self) -> String {
-        match self {
-            Capturer::Decoder(m, _) => m.config.architecture.clone(),
-            Capturer::Encoder(_) => "bert".into(),
-        }
-    }
-
-    /// The most tokens a prompt may have.
-    pub fn max_tokens(&self) -> usize {
-        match self {
-            Capturer::Decoder(m, _) => m.config.context_length,
-            Capturer::Encoder(e) => e.max_seq_length(),
-        }
-    }
-
-    /// The prompt's token ids as the model sees them (BOS where the model
-    /// wants it; the encoder's special tokens and truncation).
-    pub fn tokenize(&self, text: &str) -> Result<Vec<u32>, CliError> {
-        Ok(match self {
-            Capturer::Decoder(_, t) => t.encode(text, true)?,
-            Capturer::Encoder(e) => e.tokenize(text)?,
-        })
-    }
-
-    pub fn capture(&self, batch: &[&[u32]], spec: &CaptureSpec) -> Result<Vec<Tensor>, CliError> {
-        Ok(match self {
-            Capturer::Decoder(m, _) => m.capture(batch, spec)?,
-            Capturer::Encoder(e) => e.model().capture(batch, spec)?,
-        })
-    }
-}
-
-/// Batches of prompt indices: sorted by length within windows of many
-/// batches (little padding), each at most `batch_size` prompts and about
-/// `TOKENS_PER_BATCH` tokens.
-pub fn batches(lens: &[usize], batch_size: usize) -> Vec<Vec<usize>> {
-    let mut out = Vec::new();
-    let window = batch_size * 64;
-    let order: Vec<usize> = (0..lens.len()).collect();
-    for chunk in order.chunks(window) {
-        let mut chunk = chunk.to_vec();
-        chunk.sort_by_key(|&i| std::cmp::Reverse(lens[i]));
-        let mut cur: Vec<usize> = Vec::new();
-        for i in chunk {
-            // sorted longest first: the batch's first prompt is its longest
-            let longest = cur.first().map_or(lens[i], |&f| lens[f]);
-            if !cur.is_empty()
-                && (cur.len() == batch_size || (cur.len() + 1) * longest > TOKENS_PER_BATCH)
-            {
-                out.push(std::mem::take(&mut cur));
-            }
-            cur.push(i);
-        }
-        if !cur.is_empty() {
-            out.push(cur);
-        }
-    }
-    out
 }
 
 pub fn run(args: &ActivationsArgs) -> Result<(), CliError> {
@@ -319,7 +252,8 @@ pub fn run(args: &ActivationsArgs) -> Result<(), CliError> {
     }
     let device = crate::open_device(args.device.as_deref())?;
     let load_start = Instant::now();
-    let (model, model_name) = Capturer::load(args.model.as_deref(), args.encoder, &device, dtype)?;
+    let (loaded, model_name) = Capturer::load(args.model.as_deref(), args.encoder, &device, dtype)?;
+    let model = loaded.source();
     let load_time = load_start.elapsed();
     let n_layers = model.n_layers();
     let layers = parse_layers(&args.layers, n_layers)?;
@@ -436,22 +370,4 @@ pub fn run(args: &ActivationsArgs) -> Result<(), CliError> {
         device.info().name,
         args.output.display()
     ))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn batches_cover_every_prompt_once() {
-        let lens: Vec<usize> = (0..100).map(|i| 1 + (i * 37) % 90).collect();
-        let plan = batches(&lens, 8);
-        let mut seen: Vec<usize> = plan.iter().flatten().copied().collect();
-        seen.sort();
-        assert_eq!(seen, (0..100).collect::<Vec<_>>());
-        assert!(plan.iter().all(|b| b.len() <= 8));
-        // a long prompt gets a batch of its own when 2 would pass the budget
-        let plan = batches(&[TOKENS_PER_BATCH, 3, 4], 8);
-        assert_eq!(plan[0], vec![0]);
-    }
 }

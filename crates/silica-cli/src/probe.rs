@@ -8,10 +8,10 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use silica::DType;
-use silica_models::capture::{ActivationFile, CaptureSpec, Pool, Site, parse_layers};
+use silica_models::capture::{ActivationFile, CaptureSpec, Pool, Site, batches, parse_layers};
 use silica_models::probe::{self, LinearProbe, Metrics, ProbeKind, ProbeSet, TrainOptions};
 
-use crate::activations::{Capturer, Prompt, batches, parse_positive, read_prompts};
+use crate::activations::{Capturer, Prompt, parse_positive, read_prompts};
 use crate::{CliError, emit};
 
 #[derive(clap::Args)]
@@ -413,7 +413,8 @@ fn run_probe(args: &RunArgs) -> Result<(), CliError> {
     let encoder = set.architecture == "bert";
     let model_spec = args.model.clone().unwrap_or_else(|| set.model.clone());
     let device = crate::open_device(args.device.as_deref())?;
-    let (model, _) = Capturer::load(Some(&model_spec), encoder, &device, dtype)?;
+    let (loaded, _) = Capturer::load(Some(&model_spec), encoder, &device, dtype)?;
+    let model = loaded.source();
     if model.architecture() != set.architecture {
         return Err(CliError::msg(format!(
             "the probe was trained on a {} model's states; {model_spec} is {}",

@@ -168,6 +168,14 @@ impl CpuStorage {
         }
     }
 
+    /// The elements as `T`, when `T` is their type.
+    pub fn as_slice<T: Element>(&self) -> Option<&[T]> {
+        if T::DTYPE != self.dtype() {
+            return None;
+        }
+        with_cpu!(self, v => bytemuck::try_cast_slice(v.as_slice()).ok())
+    }
+
     pub fn as_bytes(&self) -> &[u8] {
         with_cpu!(self, v => bytemuck::cast_slice(v.as_slice()))
     }

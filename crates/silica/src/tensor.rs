@@ -257,6 +257,18 @@ impl Tensor {
         })
     }
 
+    /// On the CPU, the storage this tensor views, without a copy: element
+    /// `i` of the tensor is at `layout().offset() + Σ iₖ·strides()[k]`.
+    /// `None` on a GPU or when `T` is not the dtype. The storage never
+    /// changes under a tensor that shares it ([`Tensor::slice_assign`]
+    /// copies first), so the slice stays valid while any clone lives.
+    pub fn host_storage<T: Element>(&self) -> Option<&[T]> {
+        match self.storage.as_ref() {
+            Storage::Cpu(c, _) => c.as_slice::<T>(),
+            Storage::Gpu(_) => None,
+        }
+    }
+
     /// Starts reading the elements back without waiting: on a GPU the copy
     /// is submitted with the work queued so far, and work queued after this
     /// call (the next decoding step, say) does not delay

@@ -15,7 +15,9 @@
 use silica::{DType, Tensor};
 
 pub mod file;
+mod source;
 pub use file::{ActivationFile, ActivationMeta, ActivationWriter};
+pub use source::{Source, TOKENS_PER_BATCH, batches};
 
 use crate::{Error, Result};
 
