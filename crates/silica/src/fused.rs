@@ -178,3 +178,85 @@ impl CustomOp for HeadNorm {
         }
     }
 }
+
+/// The first product of a low-rank update, `x @ aᵀ` (of `x`'s RMS-normed
+/// rows, without a weight, with `rms_eps`), in f32: operands `[x [.., k],
+/// a [r, k]]`, the caller checked them.
+pub(crate) struct LowRankIn {
+    pub rms_eps: Option<f32>,
+}
+
+static LOW_RANK_IN: crate::custom::WgslKernel = crate::custom::WgslKernel {
+    name: "low_rank_in",
+    source: include_str!("backend/gpu/kernels/low_rank_in.wgsl"),
+    needs: crate::KernelNeeds::NOTHING,
+};
+
+/// Rows of `x` up to which the kernel runs (decode); beyond, a matmul.
+const LOW_RANK_IN_ROWS: usize = 8;
+
+impl LowRankIn {
+    fn composed(&self, inputs: &[&Tensor]) -> Result<Tensor> {
+        let (x, a) = (inputs[0], inputs[1]);
+        let x = x.to_dtype(DType::F32)?;
+        let x = match self.rms_eps {
+            Some(eps) => {
+                let k = x.dim(-1)?;
+                let ones = Tensor::ones(&[k], DType::F32, x.device())?;
+                x.rms_norm(&ones, eps)?
+            }
+            None => x,
+        };
+        x.matmul(&a.to_dtype(DType::F32)?.t()?)
+    }
+}
+
+impl CustomOp for LowRankIn {
+    fn name(&self) -> &'static str {
+        "low_rank_in"
+    }
+
+    fn output(&self, inputs: &[&Tensor], _: &[&Tensor]) -> Result<(Vec<usize>, DType)> {
+        let mut shape = inputs[0].shape().to_vec();
+        let last = shape.len() - 1;
+        shape[last] = inputs[1].shape()[0];
+        Ok((shape, DType::F32))
+    }
+
+    fn cpu(&self, inputs: &[&Tensor], _: &mut [&mut Tensor]) -> Result<Tensor> {
+        self.composed(inputs)
+    }
+
+    fn gpu(&self, call: &mut GpuCall<'_>) -> Result<bool> {
+        let (x, a) = (call.inputs()[0], call.inputs()[1]);
+        let k = x.shape().last().copied().unwrap_or(0);
+        let (m, r) = (x.numel() / k.max(1), a.shape()[0]);
+        let dt = match x.dtype() {
+            DType::F32 => 0,
+            DType::F16 if k.is_multiple_of(2) => 1,
+            _ => return Ok(false),
+        };
+        let whole = |t: &Tensor| t.is_contiguous() && t.layout().offset() == 0;
+        if m > LOW_RANK_IN_ROWS || !whole(x) || !whole(a) || r > 65_535 {
+            return Ok(false);
+        }
+        let fits = |v: usize| u32::try_from(v).ok();
+        let (Some(k32), Some(r32)) = (fits(k), fits(r)) else {
+            return Ok(false);
+        };
+        let params = crate::custom::params(&[
+            m as u32,
+            k32,
+            r32,
+            self.rms_eps.unwrap_or(0.0).to_bits(),
+            self.rms_eps.is_some() as u32,
+            dt,
+        ]);
+        call.dispatch(&LOW_RANK_IN, &params, [r32, m as u32, 1])?;
+        Ok(true)
+    }
+
+    fn compose(&self, inputs: &[&Tensor], _: &mut [&mut Tensor]) -> Result<Option<Tensor>> {
+        self.composed(inputs).map(Some)
+    }
+}

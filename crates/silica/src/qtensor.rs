@@ -301,6 +301,11 @@ pub struct QFuse<'a> {
     pub swiglu: bool,
     /// Added to the result (same shape and dtype as the result).
     pub residual: Option<&'a Tensor>,
+    /// A low-rank update `(u, b)` added to the product before the SwiGLU:
+    /// `u @ b` with `u [.., r]` in f32 (as [`Tensor::project_low_rank`]
+    /// gives it, one row per row of `self`) and `b [r, rows of w]` in
+    /// `self`'s dtype. A LoRA adapter's update of this projection.
+    pub low_rank: Option<(&'a Tensor, &'a Tensor)>,
 }
 
 impl Tensor {
@@ -310,6 +315,50 @@ impl Tensor {
     /// decoded inside the kernel (GEMV for up to 8 rows, tiled otherwise).
     pub fn matmul_q(&self, w: &QTensor) -> Result<Tensor> {
         self.matmul_q_fused(w, QFuse::default())
+    }
+
+    /// `self @ aᵀ` in f32 for a short, wide `a [r, k]` (`self` is `[.., k]`
+    /// in `a`'s dtype), of `self`'s rows RMS-normed first (without a
+    /// weight: fold it into `a`) where `rms_eps` is given: the first half
+    /// of a low-rank update, whose second half [`QFuse::low_rank`] adds to
+    /// a quantized product. On a GPU, for up to 8 rows, one kernel with a
+    /// workgroup per output element (a matmul would give a rank-wide
+    /// output few workgroups).
+    ///
+    /// ```
+    /// use silica::{DType, Device, Tensor};
+    /// let dev = Device::cpu();
+    /// let x = Tensor::randn(&[1, 64], DType::F32, 1, &dev)?;
+    /// let a = Tensor::randn(&[4, 64], DType::F32, 2, &dev)?;
+    /// let u = x.project_low_rank(&a, None)?; // [1, 4]
+    /// let want = x.matmul(&a.t()?)?;
+    /// let diff = u.sub(&want)?.abs()?.max(-1, false)?.to_vec::<f32>()?;
+    /// assert!(diff[0] < 1e-4);
+    /// # Ok::<(), silica::Error>(())
+    /// ```
+    pub fn project_low_rank(&self, a: &Tensor, rms_eps: Option<f32>) -> Result<Tensor> {
+        let op = "project_low_rank";
+        self.same_device(a, op)?;
+        let k = self.shape().last().copied().unwrap_or(0);
+        if self.rank() == 0 || a.rank() != 2 || a.shape()[1] != k || a.shape()[0] == 0 {
+            return Err(Error::ShapeMismatch {
+                op,
+                lhs: self.shape().to_vec(),
+                rhs: a.shape().to_vec(),
+                hint: format!("x @ aᵀ needs x [.., k] and a [r, k] with r > 0, k = {k}"),
+            });
+        }
+        if !self.dtype().is_float() || a.dtype() != self.dtype() {
+            return Err(Error::DTypeMismatch {
+                op,
+                lhs: self.dtype(),
+                rhs: a.dtype(),
+            });
+        }
+        let x = self.contiguous()?;
+        let a = a.contiguous()?;
+        let fused = crate::fused::LowRankIn { rms_eps };
+        crate::custom::apply(&fused, &[&x, &a])
     }
 
     /// A quantized product with the steps around it that `fuse` names:
@@ -327,7 +376,7 @@ impl Tensor {
     /// let x = Tensor::randn(&[1, 64], DType::F32, 2, &dev)?;
     /// let g = Tensor::ones(&[64], DType::F32, &dev)?;
     /// let r = Tensor::randn(&[1, 8], DType::F32, 3, &dev)?;
-    /// let fuse = QFuse { rms_norm: Some((&g, 1e-5)), swiglu: true, residual: Some(&r) };
+    /// let fuse = QFuse { rms_norm: Some((&g, 1e-5)), swiglu: true, residual: Some(&r), low_rank: None };
     /// let y = x.matmul_q_fused(&gate_up, fuse)?; // [1, 8]
     /// let h = x.rms_norm(&g, 1e-5)?.matmul_q(&gate_up)?;
     /// let want = h.narrow(1, 0, 8)?.swiglu(&h.narrow(1, 8, 8)?)?.add(&r)?;
@@ -336,7 +385,10 @@ impl Tensor {
     /// # Ok::<(), silica::Error>(())
     /// ```
     pub fn matmul_q_fused(&self, w: &QTensor, fuse: QFuse<'_>) -> Result<Tensor> {
-        let plain = fuse.rms_norm.is_none() && !fuse.swiglu && fuse.residual.is_none();
+        let plain = fuse.rms_norm.is_none()
+            && !fuse.swiglu
+            && fuse.residual.is_none()
+            && fuse.low_rank.is_none();
         let op = if plain { "matmul_q" } else { "matmul_q_fused" };
         self.same_device(&w.words, op)?;
         let k = self.shape().last().copied().unwrap_or(0);
@@ -405,6 +457,42 @@ impl Tensor {
                 Cow::Owned(r.contiguous()?)
             });
         }
+        if let Some((u, b)) = fuse.low_rank {
+            self.same_device(u, op)?;
+            self.same_device(b, op)?;
+            let r = u.shape().last().copied().unwrap_or(0);
+            let rows_of_u = u.shape()[..u.rank().saturating_sub(1)].to_vec();
+            let fits = u.rank() == self.rank()
+                && rows_of_u == self.shape()[..self.rank() - 1]
+                && u.dtype() == DType::F32
+                && r > 0
+                && b.shape() == [r, w.rows]
+                && b.dtype() == self.dtype();
+            if !fits {
+                return Err(Error::InvalidArgument {
+                    op,
+                    msg: format!(
+                        "the low-rank update needs u [.., r] f32 with x's rows and b [r, {}] {}, not u {:?} {} and b {:?} {}",
+                        w.rows,
+                        self.dtype(),
+                        u.shape(),
+                        u.dtype(),
+                        b.shape(),
+                        b.dtype()
+                    ),
+                });
+            }
+            // the kernel reads both whole from their first element
+            let own = |t: &'_ Tensor| -> Result<Tensor> {
+                if t.is_contiguous() && t.layout().offset() == 0 {
+                    Ok(t.clone())
+                } else {
+                    t.copy()
+                }
+            };
+            inputs.push(Cow::Owned(own(u)?));
+            inputs.push(Cow::Owned(own(b)?));
+        }
         let refs: Vec<&Tensor> = inputs.iter().map(|t| t.as_ref()).collect();
         if plain {
             let op = Op::QMatmul { format: w.format };
@@ -416,6 +504,7 @@ impl Tensor {
                 rms_norm: fuse.rms_norm.map(|(_, eps)| eps),
                 swiglu: fuse.swiglu,
                 residual: fuse.residual.is_some(),
+                low_rank: fuse.low_rank.is_some(),
             },
             out_shape,
         };
@@ -471,12 +560,17 @@ pub(crate) fn qmatmul_composed(
     shape[last] = rows;
     let plain = Op::QMatmul { format };
     let mut y = run(plain, &[aligned_rows(&x)?.as_ref(), w], shape, ct)?;
+    let residual = fusion.residual.then(|| inputs[next]);
+    next += fusion.residual as usize;
+    if fusion.low_rank {
+        y = y.add(&cast(inputs[next])?.matmul(&cast(inputs[next + 1])?)?)?;
+    }
     if fusion.swiglu {
         let n = rows / 2;
         y = y.narrow(-1, 0, n)?.swiglu(&y.narrow(-1, n, n)?)?;
     }
-    if fusion.residual {
-        y = y.add(&cast(inputs[next])?)?;
+    if let Some(r) = residual {
+        y = y.add(&cast(r)?)?;
     }
     y.to_dtype(dtype)
 }

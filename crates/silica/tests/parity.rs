@@ -526,10 +526,54 @@ fn qmatmul_fused_cases(cases: &mut Vec<Case>) {
                             rms_norm: norm.then_some((&g, 1e-5)),
                             swiglu,
                             residual: residual.then_some(&r),
+                            low_rank: None,
                         };
                         x.matmul_q_fused(&w, fuse)
                     });
                 }
+            }
+        }
+    }
+    // with a low-rank update (u from project_low_rank, as LoRA runs it)
+    // added before the SwiGLU, in four of the combinations
+    for format in [QuantFormat::Q4_0, QuantFormat::Q4_K] {
+        for dtype in DType::FLOATS {
+            for bits in [0u32, 1, 3, 5] {
+                let (norm, swiglu, residual) = (bits & 1 != 0, bits & 2 != 0, bits & 4 != 0);
+                for (m, n, k) in shapes {
+                    let name = format!(
+                        "matmul_q_fused+low_rank {format} {dtype} norm={norm} swiglu={swiglu} residual={residual} [{m}, {k}] -> {n}"
+                    );
+                    case(cases, name, quantized(dtype, m), move |d| {
+                        let rows = if swiglu { 2 * n } else { n };
+                        let w = QTensor::random(format, &[rows, k], 40, d)?;
+                        let x = input(Kind::Contiguous, &[m, k], dtype, 41, d)?;
+                        let g = input(Kind::Offset, &[k], dtype, 42, d)?;
+                        let r = input(Kind::Transposed, &[m, n], dtype, 43, d)?;
+                        let a = input(Kind::Contiguous, &[5, k], dtype, 44, d)?.mul_scalar(0.1)?;
+                        let b = input(Kind::Transposed, &[5, rows], dtype, 45, d)?;
+                        let u = x.project_low_rank(&a, norm.then_some(1e-5))?;
+                        let fuse = QFuse {
+                            rms_norm: norm.then_some((&g, 1e-5)),
+                            swiglu,
+                            residual: residual.then_some(&r),
+                            low_rank: Some((&u, &b)),
+                        };
+                        x.matmul_q_fused(&w, fuse)
+                    });
+                }
+            }
+        }
+    }
+    for dtype in DType::FLOATS {
+        for norm in [false, true] {
+            for (m, r, k) in [(1, 16, 576), (3, 5, 64), (12, 8, 256)] {
+                let name = format!("project_low_rank {dtype} norm={norm} [{m}, {k}] -> {r}");
+                case(cases, name, quantized(dtype, m), move |d| {
+                    let x = input(Kind::Contiguous, &[m, k], dtype, 46, d)?;
+                    let a = input(Kind::Transposed, &[r, k], dtype, 47, d)?;
+                    x.project_low_rank(&a, norm.then_some(1e-5))
+                });
             }
         }
     }

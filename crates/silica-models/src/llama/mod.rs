@@ -66,6 +66,9 @@ impl Weight {
                     None => x,
                 };
                 let mut y = x.matmul(&w.t()?)?;
+                if let Some((u, b)) = fuse.low_rank {
+                    y = y.add(&u.to_dtype(y.dtype())?.matmul(b)?)?;
+                }
                 if fuse.swiglu {
                     let n = y.dim(-1)? / 2;
                     y = y.narrow(-1, 0, n)?.swiglu(&y.narrow(-1, n, n)?)?;
@@ -80,50 +83,66 @@ impl Weight {
 
     /// `x @ wᵀ`, plus the adapters' update where `lora` is given.
     fn apply_with(&self, x: &Tensor, lora: Option<&LowRank>) -> silica::Result<Tensor> {
-        match lora {
-            None => self.apply(x),
-            Some(lr) => self.add_to(x, &lr.delta(x)?, None),
-        }
+        self.with_update(x, QFuse::default(), lora)
     }
 
     /// `residual + x @ wᵀ`, plus the adapters' update where `lora` is
-    /// given (added to the residual first, so that the product keeps its
-    /// fused residual sum).
+    /// given.
     fn add_to(
         &self,
         x: &Tensor,
         residual: &Tensor,
         lora: Option<&LowRank>,
     ) -> silica::Result<Tensor> {
-        let with_delta;
-        let residual = match lora {
-            Some(lr) => {
-                with_delta = residual.add(&lr.delta(x)?)?;
-                &with_delta
-            }
-            None => residual,
-        };
         let fuse = QFuse {
             residual: Some(residual),
             ..QFuse::default()
         };
-        self.fused(x, fuse)
+        self.with_update(x, fuse, lora)
+    }
+
+    /// The product `fuse` describes with the update of `lora` added to it
+    /// (in the product's kernel on a GPU at decode).
+    fn with_update(
+        &self,
+        x: &Tensor,
+        fuse: QFuse<'_>,
+        lora: Option<&LowRank>,
+    ) -> silica::Result<Tensor> {
+        match lora {
+            None => self.fused(x, fuse),
+            Some(lr) => {
+                let u = lr.input(x, fuse.rms_norm.map(|n| n.1))?;
+                let fuse = QFuse {
+                    low_rank: Some((&u, &lr.b)),
+                    ..fuse
+                };
+                self.fused(x, fuse)
+            }
+        }
     }
 }
 
 /// The active adapters' update of one product, their parts side by side
-/// along the rank: `delta(x) = (x @ a) @ b`, each adapter's scale folded
-/// into its columns of `b`. For a stacked product, each part's columns of
-/// `b` are zero outside that part's rows, so the delta is the parts'
-/// deltas concatenated.
+/// along the rank: `delta(x) = (x @ aᵀ) @ b`, each adapter's scale folded
+/// into its rows of `b`, and for a product that follows an RMSNorm, the
+/// norm's weight folded into `a` (the update's input is the normed `x`).
+/// For a stacked product, each part's columns of `b` are zero outside that
+/// part's rows, so the delta is the parts' deltas concatenated.
 struct LowRank {
-    a: Tensor, // [in, total rank]
+    a: Tensor, // [total rank, in]
     b: Tensor, // [total rank, out]
 }
 
 impl LowRank {
-    fn delta(&self, x: &Tensor) -> silica::Result<Tensor> {
-        x.matmul(&self.a)?.matmul(&self.b)
+    /// `x @ aᵀ` in f32, of `rms_norm(x)` (its weight in `a`) with `eps`.
+    fn input(&self, x: &Tensor, eps: Option<f32>) -> silica::Result<Tensor> {
+        x.project_low_rank(&self.a, eps)
+    }
+
+    /// The update for `x` (normed first with `eps`), in `x`'s dtype.
+    fn delta(&self, x: &Tensor, eps: Option<f32>) -> silica::Result<Tensor> {
+        self.input(x, eps)?.to_dtype(x.dtype())?.matmul(&self.b)
     }
 }
 
@@ -159,20 +178,21 @@ impl Stacked {
         lora: Option<&LowRank>,
     ) -> silica::Result<Tensor> {
         let y = match (self, lora) {
-            (_, Some(lr)) => {
+            (Stacked::Fused(w), Some(_)) => {
+                let fuse = QFuse {
+                    rms_norm: Some(norm),
+                    ..QFuse::default()
+                };
+                w.with_update(x, fuse, lora)?
+            }
+            (Stacked::Split(parts), Some(lr)) => {
                 let hn = x.rms_norm(norm.0, norm.1)?;
-                let delta = lr.delta(&hn)?;
-                match self {
-                    Stacked::Fused(w) => w.add_to(&hn, &delta, None)?,
-                    Stacked::Split(parts) => {
-                        let ys: Vec<Tensor> = parts
-                            .iter()
-                            .map(|w| w.apply(&hn))
-                            .collect::<silica::Result<_>>()?;
-                        let refs: Vec<&Tensor> = ys.iter().collect();
-                        Tensor::cat(&refs, -1)?.add(&delta)?
-                    }
-                }
+                let ys: Vec<Tensor> = parts
+                    .iter()
+                    .map(|w| w.apply(&hn))
+                    .collect::<silica::Result<_>>()?;
+                let refs: Vec<&Tensor> = ys.iter().collect();
+                Tensor::cat(&refs, -1)?.add(&lr.delta(x, Some(norm.1))?)?
             }
             (Stacked::Split(parts), None) => {
                 let hn = x.rms_norm(norm.0, norm.1)?;
@@ -198,20 +218,15 @@ impl Stacked {
     }
 
     /// `silu(gate) * up` of `rms_norm(x)` for the gate and up projections:
-    /// one kernel for stacked quantized weights on a GPU at decode. With
-    /// `lora`, the update joins the products before the activation (the
-    /// activation runs on its own).
+    /// one kernel for stacked quantized weights on a GPU at decode (with
+    /// `lora`, one more before it for the update's first half; the update
+    /// joins the products before the activation).
     fn swiglu(
         &self,
         x: &Tensor,
         norm: (&Tensor, f32),
         lora: Option<&LowRank>,
     ) -> silica::Result<Tensor> {
-        if lora.is_some() {
-            let y = self.apply(x, norm, None, lora)?;
-            let n = y.dim(-1)? / 2;
-            return y.narrow(-1, 0, n)?.swiglu(&y.narrow(-1, n, n)?);
-        }
         match self {
             Stacked::Fused(w) => {
                 let fuse = QFuse {
@@ -219,7 +234,12 @@ impl Stacked {
                     swiglu: true,
                     ..QFuse::default()
                 };
-                w.fused(x, fuse)
+                w.with_update(x, fuse, lora)
+            }
+            Stacked::Split(_) if lora.is_some() => {
+                let y = self.apply(x, norm, None, lora)?;
+                let n = y.dim(-1)? / 2;
+                y.narrow(-1, 0, n)?.swiglu(&y.narrow(-1, n, n)?)
             }
             Stacked::Split(parts) => {
                 let hn = x.rms_norm(norm.0, norm.1)?;
@@ -689,14 +709,15 @@ impl Llama {
             .and_then(|p| p.qkv_row_order(c.head_dim, c.n_heads, c.n_kv_heads));
         let mut layers = Vec::with_capacity(c.n_layers);
         for li in 0..c.n_layers {
-            let build = |parts: &[(&str, usize)], order: Option<&[usize]>| {
-                self.low_rank(li, parts, order, adapters)
+            let build = |parts: &[(&str, usize)], order: Option<&[usize]>, norm| {
+                self.low_rank(li, parts, order, norm, adapters)
             };
+            let layer = &self.layers[li];
             layers.push(LayerLora {
-                qkv: build(qkv_parts, qkv_order.as_deref())?,
-                wo: build(&[("attn_output", d)], None)?,
-                gate_up: build(gate_up_parts, None)?,
-                down: build(&[("ffn_down", d)], None)?,
+                qkv: build(qkv_parts, qkv_order.as_deref(), Some(&layer.attn_norm))?,
+                wo: build(&[("attn_output", d)], None, None)?,
+                gate_up: build(gate_up_parts, None, Some(&layer.ffn_norm))?,
+                down: build(&[("ffn_down", d)], None, None)?,
             });
         }
         let any = layers
@@ -714,12 +735,14 @@ impl Llama {
     /// The update of layer `li`'s product whose rows are `parts` (GGUF
     /// module names and row counts, stacked in this order, then reordered
     /// by `order` where given) from `adapters`, or `None` where none of
-    /// them touches it (or all at scale 0).
+    /// them touches it (or all at scale 0). `norm`: the weight of the
+    /// RMSNorm before the product, folded into `a`.
     fn low_rank(
         &self,
         li: usize,
         parts: &[(&str, usize)],
         order: Option<&[usize]>,
+        norm: Option<&Tensor>,
         adapters: &[(&LoraAdapter, f32)],
     ) -> Result<Option<LowRank>> {
         let out: usize = parts.iter().map(|p| p.1).sum();
@@ -758,7 +781,11 @@ impl Llama {
             return Ok(None);
         }
         let refs: Vec<&Tensor> = a_rows.iter().collect();
-        let a = Tensor::cat(&refs, 0)?.t()?.contiguous()?; // [in, R]
+        let mut a = Tensor::cat(&refs, 0)?; // [R, in]
+        if let Some(g) = norm {
+            a = a.mul(g)?;
+        }
+        let a = a.contiguous()?;
         let refs: Vec<&Tensor> = b_cols.iter().collect();
         let mut b = Tensor::cat(&refs, 1)?; // [out, R]
         if let Some(order) = order {

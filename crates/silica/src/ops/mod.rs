@@ -30,8 +30,11 @@ pub struct QFusion {
     pub rms_norm: Option<f32>,
     /// `silu(y[.., :n]) * y[.., n:]` of the product `y [.., 2n]`.
     pub swiglu: bool,
-    /// The op's last input added to the result.
+    /// The op's residual input (after the norm weight) added to the result.
     pub residual: bool,
+    /// A low-rank update `u @ b` added to the product before the SwiGLU:
+    /// the op's last two inputs, `u [.., r]` (f32) and `b [r, rows of w]`.
+    pub low_rank: bool,
 }
 
 impl QFusion {
@@ -40,6 +43,7 @@ impl QFusion {
         rms_norm: None,
         swiglu: false,
         residual: false,
+        low_rank: false,
     };
 
     pub fn is_none(&self) -> bool {
@@ -49,16 +53,29 @@ impl QFusion {
     /// The name of the product with these fusions, as fallback reports
     /// and errors give it.
     pub fn name(&self) -> &'static str {
-        match (self.rms_norm.is_some(), self.swiglu, self.residual) {
-            (false, false, false) => "matmul_q",
-            (false, false, true) => "matmul_q+add",
-            (false, true, false) => "matmul_q+swiglu",
-            (false, true, true) => "matmul_q+swiglu+add",
-            (true, false, false) => "rms_norm+matmul_q",
-            (true, false, true) => "rms_norm+matmul_q+add",
-            (true, true, false) => "rms_norm+matmul_q+swiglu",
-            (true, true, true) => "rms_norm+matmul_q+swiglu+add",
-        }
+        const NAMES: [&str; 16] = [
+            "matmul_q",
+            "rms_norm+matmul_q",
+            "matmul_q+swiglu",
+            "rms_norm+matmul_q+swiglu",
+            "matmul_q+add",
+            "rms_norm+matmul_q+add",
+            "matmul_q+swiglu+add",
+            "rms_norm+matmul_q+swiglu+add",
+            "matmul_q+low_rank",
+            "rms_norm+matmul_q+low_rank",
+            "matmul_q+low_rank+swiglu",
+            "rms_norm+matmul_q+low_rank+swiglu",
+            "matmul_q+low_rank+add",
+            "rms_norm+matmul_q+low_rank+add",
+            "matmul_q+low_rank+swiglu+add",
+            "rms_norm+matmul_q+low_rank+swiglu+add",
+        ];
+        let i = self.rms_norm.is_some() as usize
+            | (self.swiglu as usize) << 1
+            | (self.residual as usize) << 2
+            | (self.low_rank as usize) << 3;
+        NAMES[i]
     }
 }
 

@@ -28,9 +28,10 @@ pub(crate) static QGEMV: Kernel = Kernel {
         "shared/lanes.wgsl",
         "qgemv.wgsl"
     ),
-    // x, the blocks, the norm weight, the residual (x in place of those
-    // not fused), the blocks again (see qgemv_common.wgsl)
-    inputs: 5,
+    // x, the blocks, the norm weight, the residual, the blocks again, the
+    // low-rank update's u and b (x in place of those not fused; see
+    // qgemv_common.wgsl)
+    inputs: 7,
     trusted: true,
     outputs: 1,
     immediates: true,
@@ -45,7 +46,7 @@ pub(crate) static QGEMV_I8: Kernel = Kernel {
         "shared/rows.wgsl",
         "qgemv_i8.wgsl"
     ),
-    inputs: 5,
+    inputs: 7,
     trusted: true,
     outputs: 1,
     immediates: true,
@@ -266,6 +267,10 @@ pub(crate) fn qmatmul(
             rows,
             lanes,
             fusion,
+            low_rank: match fusion.low_rank {
+                true => inputs[inputs.len() - 2].shape().last().copied().unwrap_or(0),
+                false => 0,
+            },
             residual: x.dtype(),
             x_blocks,
             depth,
@@ -299,6 +304,8 @@ pub(crate) fn qmatmul(
     };
     let g = fused(fusion.rms_norm.is_some());
     let r = fused(fusion.residual);
+    let lu = fused(fusion.low_rank);
+    let lb = fused(fusion.low_rank);
     let header = [
         to_u32(m, "M")?,
         to_u32(n, "N")?,
@@ -317,6 +324,8 @@ pub(crate) fn qmatmul(
             buffer(g.unwrap_or(x)),
             buffer(r.unwrap_or(x)),
             buffer(w),
+            buffer(lu.unwrap_or(x)),
+            buffer(lb.unwrap_or(x)),
         ],
         None => vec![buffer(x), buffer(w)],
     };
@@ -340,6 +349,8 @@ struct Gemv {
     rows: usize,
     lanes: usize,
     fusion: QFusion,
+    /// The rank of the low-rank update (`LORA`), 0 without one.
+    low_rank: usize,
     residual: DType,
     /// qgemv_i8's blocks of x in workgroup memory (`XB`).
     x_blocks: Option<usize>,
@@ -468,7 +479,7 @@ fn constants(
     gemv: Option<Gemv>,
 ) -> Vec<(&'static str, f64)> {
     // room for every constant, so that a dispatch allocates once
-    let mut c = Vec::with_capacity(12);
+    let mut c = Vec::with_capacity(13);
     c.extend([
         ("FMT", format.gpu_code() as f64),
         ("IN_DT", input.gpu_code() as f64),
@@ -486,6 +497,7 @@ fn constants(
             ("SWIGLU", flag(g.fusion.swiglu)),
             ("RESIDUAL", flag(g.fusion.residual)),
             ("RES_DT", g.residual.gpu_code() as f64),
+            ("LORA", g.low_rank as f64),
         ]);
         if let Some(xb) = g.x_blocks {
             c.extend([("XB", xb as f64), ("DEPTH", g.depth as f64)]);
@@ -518,6 +530,7 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
                         rows,
                         lanes,
                         fusion,
+                        low_rank: if fusion.low_rank { 16 } else { 0 },
                         residual: dt,
                         x_blocks: None,
                         depth: 1,
@@ -533,6 +546,7 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
                             rows,
                             lanes: I8_LANES,
                             fusion,
+                            low_rank: if fusion.low_rank { 16 } else { 0 },
                             residual: dt,
                             x_blocks: Some(xb),
                             depth,
@@ -561,9 +575,11 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
                     QFusion::NONE,
                 ));
                 // every fusion at decode (one row, four weight rows per
-                // lane set) and SwiGLU with two weight rows per lane set
+                // lane set) and SwiGLU with two weight rows per lane set;
+                // with a low-rank update too for two formats
                 let bits = match format {
-                    QuantFormat::Q4_0 | QuantFormat::Q4_K | QuantFormat::Q6_K => 1..8u32,
+                    QuantFormat::Q4_0 | QuantFormat::Q4_K => 1..16u32,
+                    QuantFormat::Q6_K => 1..8u32,
                     _ => 0..0,
                 };
                 if integer_format(format) {
@@ -586,6 +602,7 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
                         rms_norm: (bits & 1 != 0).then_some(1e-5),
                         swiglu: bits & 2 != 0,
                         residual: bits & 4 != 0,
+                        low_rank: bits & 8 != 0,
                     };
                     out.push(gemv(1, rows(1), 32, fusion));
                     if integer_format(format) {

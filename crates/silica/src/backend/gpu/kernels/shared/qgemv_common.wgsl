@@ -6,6 +6,9 @@
 // - NORM: x is replaced by rms_norm(x) * g. Every workgroup sums the
 //   squares of the M rows itself (x is small and stays in cache), scales x
 //   by g as it loads it and the sums by 1 / rms at the end.
+// - LORA (a rank): u [M, LORA] (f32) @ b [LORA, rows of w] (x's dtype) is
+//   added to the product, before the SwiGLU: a low-rank update whose
+//   first half (u) an earlier kernel computed.
 // - SWIGLU: w holds gate [N, K] then up [N, K]; a lane set takes R / 2
 //   columns of each and writes silu(gate) * up.
 // - RESIDUAL: the residual r [M, N] (dtype RES_DT) is added.
@@ -18,7 +21,9 @@
 // the blocks again, 16 bytes an element: whole aligned runs of them in one
 // load each (qgemv_i8.wgsl's K formats)
 @group(0) @binding(5) var<storage, read> src_w4: array<vec4<u32>>;
-@group(0) @binding(6) var<storage, read_write> dst: array<u32>;
+@group(0) @binding(6) var<storage, read> src_lu: array<f32>;
+@group(0) @binding(7) var<storage, read> src_lb: array<u32>;
+@group(0) @binding(8) var<storage, read_write> dst: array<u32>;
 
 override M: u32 = 1u;
 override LANES: u32 = 32u;
@@ -28,6 +33,7 @@ override R: u32 = 1u;
 override NORM: bool = false;
 override SWIGLU: bool = false;
 override RESIDUAL: bool = false;
+override LORA: u32 = 0u;
 // Output columns per lane set: R, or R / 2 with SWIGLU.
 override OC: u32 = 1u;
 // dtype code of the residual (the norm weight has x's dtype)
@@ -61,8 +67,29 @@ fn weight_row(col0: u32, c: u32) -> u32 {
     return row;
 }
 
-// The result of output column j of this lane set (slot: the lane set's
-// first thread) for row r of x, before the residual.
+// Adds the low-rank update to the accumulators of the lane set whose
+// first output column is col0, the ranks split across its lanes (so that
+// the lane sum joins them), divided by the 1 / rms that result() applies.
+fn add_low_rank(lane: u32, col0: u32, acc: ptr<function, array<f32, 8>>) {
+    let rows = select(p.n, 2u * p.n, SWIGLU);
+    for (var c = 0u; c < R; c++) {
+        let row = weight_row(col0, c);
+        for (var r = 0u; r < M; r++) {
+            var s = 0.0;
+            for (var q = lane; q < LORA; q += LANES) {
+                let i = q * rows + row;
+                s += src_lu[r * LORA + q] * decode(src_lb[word_index(i, IN_DT)], i, IN_DT);
+            }
+            if NORM {
+                s /= inv_rms[r];
+            }
+            (*acc)[c * M + r] += s;
+        }
+    }
+}
+
+// The result of output column j of this lane set (slot: the lane
+// set's first thread) for row r of x, before the residual.
 fn result(j: u32, r: u32, slot: u32) -> f32 {
     var v = partial[(j * M + r) * WG + slot];
     if NORM {
@@ -109,7 +136,15 @@ fn with_residual(v: f32, e: u32, early: array<u32, 9>, j: u32) -> f32 {
 // Sums each accumulator over the lane set (lanes `lane` of the set whose
 // first output column is col0) and writes the set's columns (`early`: see
 // residual_words).
-fn finish(lid: u32, lane: u32, col0: u32, acc: array<f32, 8>, early: array<u32, 9>) {
+fn finish(lid: u32, lane: u32, col0: u32, acc_in: array<f32, 8>, early: array<u32, 9>) {
+    var acc = acc_in;
+    if LORA > 0u {
+        if NORM {
+            // qgemv_i8 publishes inv_rms only at the lane sums' barrier
+            workgroupBarrier();
+        }
+        add_low_rank(lane, col0, &acc);
+    }
     lane_sums(lid, lane, acc);
     if lane != 0u {
         return;
