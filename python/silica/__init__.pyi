@@ -483,7 +483,7 @@ class GenerationStream(Iterator[str]):
         """Once finished: ``prompt_tokens``, ``generated_tokens``,
         ``prefill_seconds``, ``decode_seconds``, ``decode_tokens_per_second``,
         ``stop_reason`` (``eos``, ``stop string``, ``max tokens``, ``context
-        full``) and ``tokens``; ``None`` before."""
+        full``, ``cancelled``) and ``tokens``; ``None`` before."""
     def __enter__(self) -> GenerationStream: ...
     def __exit__(self, t: Any, v: Any, tb: Any, /) -> None: ...
 

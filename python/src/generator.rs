@@ -3,6 +3,7 @@
 //! loop is `silica_models::generate::generate`, run on a thread of its own
 //! so that its pieces of text can be iterated from Python.
 
+use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
@@ -130,9 +131,6 @@ enum Msg {
     Failed(Failure),
 }
 
-/// The payload that unwinds the generation when its stream is closed.
-struct Cancelled;
-
 fn run_generation(
     dec: Arc<Decoder>,
     ids: Vec<u32>,
@@ -151,13 +149,13 @@ fn run_generation(
             s.max_tokens,
             &s.stop,
             |piece| {
-                // The library's loop has no way to stop early: a closed
-                // stream unwinds out of it (without the panic hook, so
-                // nothing is printed), and the catch above ends the thread.
+                // a closed stream (or close()) ends the generation
                 if cancel.load(Ordering::Relaxed)
                     || text_tx.send(Msg::Text(piece.to_string())).is_err()
                 {
-                    std::panic::resume_unwind(Box::new(Cancelled));
+                    ControlFlow::Break(())
+                } else {
+                    ControlFlow::Continue(())
                 }
             },
         )
@@ -165,7 +163,6 @@ fn run_generation(
     let msg = match run {
         Ok(Ok(stats)) => Msg::Done(stats),
         Ok(Err(e)) => Msg::Failed(e.into()),
-        Err(p) if p.is::<Cancelled>() => return,
         Err(p) => Msg::Failed(panic_failure(p)),
     };
     let _ = tx.send(msg);

@@ -350,6 +350,7 @@ pub fn run(args: &GenerateArgs) -> Result<(), CliError> {
                 decode_start = Some(Instant::now());
             }
             let _ = emit(piece);
+            std::ops::ControlFlow::Continue(())
         },
     )?;
     let decode_wall = decode_start.map(|t| t.elapsed());

@@ -1,6 +1,7 @@
 //! The generation loop: prefill the prompt in one batch, then decode one
 //! token at a time, streaming text as it forms.
 
+use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
 use crate::llama::Llama;
@@ -84,7 +85,9 @@ impl Pick {
 
 /// Generates up to `max_tokens` after `prompt` (token ids), calling
 /// `on_text` with each piece of decoded text. Stops at an end-of-sequence
-/// token, at one of `stop` strings (not printed), or when the context is full.
+/// token, at one of `stop` strings (not printed), when the context is full,
+/// or when `on_text` returns `ControlFlow::Break` (stop reason
+/// "cancelled": a closed stream, a client gone).
 pub fn generate(
     model: &Llama,
     tokenizer: &Tokenizer,
@@ -92,7 +95,7 @@ pub fn generate(
     sampler: &mut Sampler,
     max_tokens: usize,
     stop: &[String],
-    mut on_text: impl FnMut(&str),
+    mut on_text: impl FnMut(&str) -> ControlFlow<()>,
 ) -> Result<GenerationStats> {
     let context = model.config.context_length;
     check_prompt(prompt.len(), context)?;
@@ -166,13 +169,16 @@ pub fn generate(
             if let Some(cut) = stop.iter().filter_map(|s| text.find(s.as_str())).min() {
                 // print what came before the stop string, then end
                 let printed = text.len() - piece.len();
-                if cut > printed {
-                    on_text(&text[printed..cut]);
-                }
                 stats.stop_reason = "stop string";
+                if cut > printed && on_text(&text[printed..cut]).is_break() {
+                    stats.stop_reason = "cancelled";
+                }
                 break;
             }
-            on_text(&piece);
+            if on_text(&piece).is_break() {
+                stats.stop_reason = "cancelled";
+                break;
+            }
         }
         if stats.generated_tokens == max_tokens {
             break;
@@ -189,10 +195,11 @@ pub fn generate(
             }
         };
     }
-    if stats.stop_reason != "stop string"
+    if !matches!(stats.stop_reason, "stop string" | "cancelled")
         && let Some(rest) = stream.finish()?
+        && on_text(&rest).is_break()
     {
-        on_text(&rest);
+        stats.stop_reason = "cancelled";
     }
     stats.decode_time = t1.elapsed();
     Ok(stats)

@@ -49,7 +49,8 @@ const PROMPTS: [&str; 2] = [
 fn run(llama: &Llama, tokenizer: &Tokenizer, prompt: &str, tokens: usize) -> Vec<u32> {
     let ids = tokenizer.encode(prompt, true).unwrap();
     let mut sampler = Sampler::new(SamplingParams::greedy());
-    let stats = generate(llama, tokenizer, &ids, &mut sampler, tokens, &[], |_| {}).unwrap();
+    let continue_ = |_: &str| std::ops::ControlFlow::Continue(());
+    let stats = generate(llama, tokenizer, &ids, &mut sampler, tokens, &[], continue_).unwrap();
     assert!(!stats.tokens.is_empty(), "no token generated");
     stats.tokens
 }

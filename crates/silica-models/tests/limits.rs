@@ -18,6 +18,7 @@
 #[path = "common/tiny_llama.rs"]
 mod tiny_llama;
 
+use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
@@ -115,7 +116,10 @@ fn assert_out_of_memory<T>(r: Result<T, Error>, limit: u64, what: &str) {
 /// Greedy generation of up to `n` tokens after `prompt`.
 fn greedy(model: &Llama, tok: &Tokenizer, prompt: &[u32], n: usize) -> (Vec<u32>, &'static str) {
     let mut sampler = Sampler::new(SamplingParams::greedy());
-    let stats = generate(model, tok, prompt, &mut sampler, n, &[], |_| {}).unwrap();
+    let stats = generate(model, tok, prompt, &mut sampler, n, &[], |_| {
+        ControlFlow::Continue(())
+    })
+    .unwrap();
     (stats.tokens, stats.stop_reason)
 }
 
@@ -374,7 +378,7 @@ fn check_context(dev: &Device) {
         &mut Sampler::new(SamplingParams::greedy()),
         4,
         &[],
-        |_| {},
+        |_| std::ops::ControlFlow::Continue(()),
     )
     .unwrap_err();
     assert_eq!(
@@ -386,6 +390,32 @@ fn check_context(dev: &Device) {
     // max_tokens that exactly fill the context: the stop is max tokens
     let (tokens, reason) = greedy(&model, &tok, &prompt, CONTEXT + 1 - p);
     assert_eq!((tokens.len(), reason), (CONTEXT + 1 - p, "max tokens"));
+    // a callback that breaks ends the generation at that piece
+    let mut pieces = 0;
+    let mut sampler = Sampler::new(SamplingParams::greedy());
+    let stats = generate(
+        &model,
+        &tok,
+        &prompt,
+        &mut sampler,
+        CONTEXT + 1 - p,
+        &[],
+        |_| {
+            pieces += 1;
+            if pieces == 3 {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        },
+    )
+    .unwrap();
+    assert_eq!((pieces, stats.stop_reason), (3, "cancelled"));
+    assert!(
+        stats.tokens.len() < CONTEXT + 1 - p,
+        "{}",
+        stats.tokens.len()
+    );
 }
 
 #[test]

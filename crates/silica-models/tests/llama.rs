@@ -121,7 +121,7 @@ fn check_on(dev: &Device, gguf: &GgufFile, golden: &Value) {
             &mut sampler,
             want.len(),
             &[],
-            |_| {},
+            |_| std::ops::ControlFlow::Continue(()),
         )
         .unwrap();
         let n = stats.tokens.len();

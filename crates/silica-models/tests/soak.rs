@@ -67,7 +67,10 @@ fn soak_on(model: &Model, dev: &Device, runs: usize, tokens: usize) {
             &mut sampler,
             tokens,
             &[],
-            |piece| text += piece.len(),
+            |piece| {
+                text += piece.len();
+                std::ops::ControlFlow::Continue(())
+            },
         )
         .unwrap();
         let secs = t0.elapsed().as_secs_f64();

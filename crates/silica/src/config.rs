@@ -121,6 +121,14 @@ pub(crate) fn cpu_int8_from_env() -> bool {
     std::env::var("SILICA_CPU_INT8").map_or(true, |v| flag(&v) || v.trim().is_empty())
 }
 
+/// `SILICA_CPU_ISA`, when set and not blank: the CPU's instruction set
+/// (see [`crate::cpu_isa`]).
+pub(crate) fn cpu_isa_from_env() -> Option<String> {
+    std::env::var("SILICA_CPU_ISA")
+        .ok()
+        .filter(|s| !s.trim().is_empty())
+}
+
 /// Whether adapter discovery includes OpenGL: only when asked for, by
 /// `WGPU_BACKEND` naming it or `SILICA_DEVICE` selecting it, because
 /// probing Mesa's GL driver without a display prints errors, and GL

@@ -35,7 +35,9 @@ pub mod quant;
 mod storage;
 mod tensor;
 
-pub use backend::cpu::{cpu_int8_activations, set_cpu_int8_activations};
+pub use backend::cpu::{
+    CpuIsa, cpu_int8_activations, cpu_isa, cpu_isa_available, set_cpu_int8_activations, set_cpu_isa,
+};
 pub use backend::gpu::{FallbackCount, GpuDevice, GpuFeatures, KernelNeeds, KernelTime};
 pub use config::GpuOptions;
 pub use device::{

@@ -103,7 +103,17 @@ fn rel_err_beyond(a: &[f32], b: &[f32], slack: &[f32]) -> f64 {
 #[test]
 fn matmul_q_matches_the_dequantized_reference() {
     let _switch = int8_switch();
-    for dev in devices() {
+    let initial = silica::cpu_isa();
+    // the CPU on every instruction set it has (SILICA_CPU_ISA's paths)
+    let runs = devices().into_iter().flat_map(|dev| {
+        let isas = match dev {
+            Device::Cpu => silica::cpu_isa_available(),
+            Device::Gpu(_) => vec![initial],
+        };
+        isas.into_iter().map(move |isa| (dev.clone(), isa))
+    });
+    for (dev, isa) in runs {
+        silica::set_cpu_isa(isa).unwrap();
         for format in QuantFormat::ALL {
             for (m, n, k) in [
                 (1, 9, 256),
@@ -143,11 +153,12 @@ fn matmul_q_matches_the_dequantized_reference() {
                 let err = rel_err_beyond(&got, &want, &slack);
                 assert!(
                     err <= 1e-5,
-                    "{dev} {format} [{m}, {k}] x [{n}, {k}]: relative error {err:e}"
+                    "{dev} ({isa}) {format} [{m}, {k}] x [{n}, {k}]: relative error {err:e}"
                 );
             }
         }
     }
+    silica::set_cpu_isa(initial).unwrap();
 }
 
 /// `silica::set_cpu_int8_activations`: off, the CPU's Q4_0/Q4_1/Q8_0
@@ -469,6 +480,7 @@ fn fused_products_match_their_definition() {
                     rms_norm: Some((&g, 1e-5)),
                     swiglu: true,
                     residual: Some(&r),
+                    low_rank: None,
                 };
                 let got: Vec<f32> = x.matmul_q_fused(&w, fuse).unwrap().to_vec().unwrap();
                 let (xs, gs, rs): (Vec<f32>, Vec<f32>, Vec<f32>) = (

@@ -60,12 +60,13 @@ fn position(
 ) {
     #[cfg(target_arch = "x86_64")]
     {
-        use std::arch::is_x86_feature_detected as has;
-        if has!("avx512f") && has!("avx512vl") && has!("fma") {
-            // SAFETY: the processor has the features the function is compiled for
+        let isa = crate::cpu_isa();
+        if isa >= crate::CpuIsa::Avx512 {
+            // SAFETY: cpu_isa is never above what the processor has, which covers
+            // the features the function is compiled for
             return unsafe { position_avx512(x, scale, causal, pos, scores, o) };
         }
-        if has!("avx2") && has!("fma") {
+        if isa >= crate::CpuIsa::Avx2 {
             // SAFETY: as above
             return unsafe { position_avx2(x, scale, causal, pos, scores, o) };
         }

@@ -74,12 +74,13 @@ fn silu_mul_f32(a: &[f32], b: &[f32]) -> Vec<f32> {
 fn silu_mul_run(a: &[f32], b: &[f32], y: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     {
-        use std::arch::is_x86_feature_detected as has;
-        if has!("avx512f") && has!("fma") {
-            // SAFETY: the processor has the features the function is compiled for
+        let isa = crate::cpu_isa();
+        if isa >= crate::CpuIsa::Avx512 {
+            // SAFETY: cpu_isa is never above what the processor has, which covers
+            // the features the function is compiled for
             return unsafe { silu_mul_avx512(a, b, y) };
         }
-        if has!("avx2") && has!("fma") {
+        if isa >= crate::CpuIsa::Avx2 {
             // SAFETY: as above
             return unsafe { silu_mul_avx2(a, b, y) };
         }

@@ -74,6 +74,113 @@ pub(crate) fn exact<R>(f: impl FnOnce() -> R) -> R {
     f()
 }
 
+/// An instruction set the CPU's integer kernels can use (see [`cpu_isa`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum CpuIsa {
+    /// Plain Rust that the compiler vectorizes for the build's target: what
+    /// every other architecture (Apple's CPUs among them) runs.
+    Portable,
+    /// AVX2 with FMA and F16C (`vpmaddubsw` integer dot products).
+    Avx2,
+    /// AVX-512 F/BW/VL with VNNI (`vpdpbusd`).
+    Avx512,
+}
+
+impl CpuIsa {
+    pub fn name(self) -> &'static str {
+        match self {
+            CpuIsa::Portable => "portable",
+            CpuIsa::Avx2 => "avx2",
+            CpuIsa::Avx512 => "avx512",
+        }
+    }
+
+    /// The instruction set named `s` (`portable`, `avx2`, `avx512`).
+    pub fn parse(s: &str) -> Option<CpuIsa> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "portable" | "none" | "scalar" => Some(CpuIsa::Portable),
+            "avx2" => Some(CpuIsa::Avx2),
+            "avx512" | "avx512vnni" | "avx-512" => Some(CpuIsa::Avx512),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for CpuIsa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The instruction sets this processor runs, slowest first (always
+/// [`CpuIsa::Portable`]).
+pub fn cpu_isa_available() -> Vec<CpuIsa> {
+    let mut v = vec![CpuIsa::Portable];
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::is_x86_feature_detected as has;
+        if has!("avx2") && has!("fma") && has!("f16c") {
+            v.push(CpuIsa::Avx2);
+            if has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("avx512vnni") {
+                v.push(CpuIsa::Avx512);
+            }
+        }
+    }
+    v
+}
+
+/// The switch behind [`cpu_isa`]: the best instruction set unless
+/// `SILICA_CPU_ISA` names a lower one when it is first read.
+static CPU_ISA: LazyLock<std::sync::atomic::AtomicU8> = LazyLock::new(|| {
+    let available = cpu_isa_available();
+    let best = *available.last().unwrap_or(&CpuIsa::Portable);
+    let isa = match crate::config::cpu_isa_from_env() {
+        None => best,
+        Some(s) => match CpuIsa::parse(&s) {
+            Some(isa) if available.contains(&isa) => isa,
+            Some(isa) => {
+                tracing::warn!("SILICA_CPU_ISA={s}: this processor lacks {isa}; using {best}");
+                best
+            }
+            None => {
+                tracing::warn!(
+                    "SILICA_CPU_ISA={s} is not one of portable, avx2, avx512; using {best}"
+                );
+                best
+            }
+        },
+    };
+    std::sync::atomic::AtomicU8::new(isa as u8)
+});
+
+/// The instruction set of the CPU's integer products (8-bit activations
+/// against Q4_0 / Q4_1 / Q8_0 blocks): the best this processor has, or
+/// the one `SILICA_CPU_ISA=portable|avx2|avx512` names (never above what
+/// the processor has; read once, on first use), or [`set_cpu_isa`]'s. On
+/// [`CpuIsa::Portable`] those products take the f32 path of the other
+/// formats. The f32 matmuls (the `gemm` crate) choose their own.
+pub fn cpu_isa() -> CpuIsa {
+    match CPU_ISA.load(Ordering::Relaxed) {
+        2 => CpuIsa::Avx512,
+        1 => CpuIsa::Avx2,
+        _ => CpuIsa::Portable,
+    }
+}
+
+/// Switches the CPU's integer products to `isa` for the whole process, so
+/// that each path can be tested and measured on one machine; an error
+/// where the processor lacks it.
+pub fn set_cpu_isa(isa: CpuIsa) -> Result<()> {
+    if !cpu_isa_available().contains(&isa) {
+        return Err(crate::Error::NotSupported {
+            op: "set_cpu_isa",
+            reason: format!("this processor lacks {isa}"),
+        });
+    }
+    CPU_ISA.store(isa as u8, Ordering::Relaxed);
+    Ok(())
+}
+
 /// Whether a product started now on this thread uses 8-bit activations.
 fn int8_now() -> bool {
     !EXACT.get() && cpu_int8_activations()

@@ -44,19 +44,16 @@ pub(crate) enum Path {
 }
 
 impl Path {
-    /// The fastest SIMD path of this processor, if any.
+    /// The SIMD path of the instruction set in effect ([`crate::cpu_isa`]),
+    /// if it has one.
     pub(crate) fn detect() -> Option<Path> {
-        #[cfg(target_arch = "x86_64")]
-        {
-            use std::arch::is_x86_feature_detected as has;
-            if has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("avx512vnni") {
-                return Some(Path::Avx512Vnni);
-            }
-            if has!("avx2") && has!("fma") && has!("f16c") {
-                return Some(Path::Avx2);
-            }
+        match crate::cpu_isa() {
+            #[cfg(target_arch = "x86_64")]
+            crate::CpuIsa::Avx512 => Some(Path::Avx512Vnni),
+            #[cfg(target_arch = "x86_64")]
+            crate::CpuIsa::Avx2 => Some(Path::Avx2),
+            _ => None,
         }
-        None
     }
 
     /// Every path this processor can run (for tests).
@@ -65,11 +62,11 @@ impl Path {
         let mut v = vec![Path::Scalar];
         #[cfg(target_arch = "x86_64")]
         {
-            use std::arch::is_x86_feature_detected as has;
-            if has!("avx2") && has!("fma") && has!("f16c") {
+            let isas = crate::cpu_isa_available();
+            if isas.contains(&crate::CpuIsa::Avx2) {
                 v.push(Path::Avx2);
             }
-            if Path::detect() == Some(Path::Avx512Vnni) {
+            if isas.contains(&crate::CpuIsa::Avx512) {
                 v.push(Path::Avx512Vnni);
             }
         }

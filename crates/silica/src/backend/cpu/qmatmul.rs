@@ -202,12 +202,13 @@ pub fn qrows(
 fn row_dots(format: QuantFormat, row: &[u8], xs: &[f32], sums: &[f32], k: usize, dst: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the processor has the features the function is compiled for
+        let isa = crate::cpu_isa();
+        if isa >= crate::CpuIsa::Avx512 {
+            // SAFETY: cpu_isa is never above what the processor has, which
+            // covers the features the function is compiled for
             return unsafe { row_dots_avx512(format, row, xs, sums, k, dst) };
         }
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
+        if isa >= crate::CpuIsa::Avx2 {
             // SAFETY: as above
             return unsafe { row_dots_avx2(format, row, xs, sums, k, dst) };
         }

@@ -268,7 +268,11 @@ pub(crate) fn qmatmul(
             lanes,
             fusion,
             low_rank: match fusion.low_rank {
-                true => inputs[inputs.len() - 2].shape().last().copied().unwrap_or(0),
+                true => inputs[inputs.len() - 2]
+                    .shape()
+                    .last()
+                    .copied()
+                    .unwrap_or(0),
                 false => 0,
             },
             residual: x.dtype(),
