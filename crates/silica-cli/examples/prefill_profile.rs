@@ -45,7 +45,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             &mut sampler,
             1,
             &[],
-            |_| {},
+            |_| std::ops::ControlFlow::Continue(()),
         )?;
         println!(
             "run {run}: {} prompt tokens, prefill {:.1} ms",
