@@ -11,6 +11,7 @@ mod qdot;
 mod qgemm;
 mod qmatmul;
 mod reduce;
+mod spin;
 
 use std::cell::Cell;
 use std::sync::LazyLock;

@@ -66,27 +66,32 @@ pub fn qmatmul(
             if tiled {
                 rows = rows.next_multiple_of(qgemm::NR);
             }
-            out_t
-                .par_chunks_mut(rows * m)
-                .enumerate()
-                .for_each(|(t, dst)| {
-                    if tiled {
+            if tiled {
+                out_t
+                    .par_chunks_mut(rows * m)
+                    .enumerate()
+                    .for_each(|(t, dst)| {
                         qgemm::gemm_rows(path, w.skip(t * rows), &xq, m, dst);
-                    } else {
-                        qdot::dot_rows(path, w.skip(t * rows), &xq, m, dst);
-                    }
+                    });
+            } else {
+                // decode: workers that stay awake between products
+                super::spin::for_each_chunk(&mut out_t, rows * m, |t, dst| {
+                    qdot::dot_rows(path, w.skip(t * rows), &xq, m, dst);
                 });
+            }
         } else if m <= DOT_MAX_M {
             // sums of each run of 16 values of x (the groups' offsets multiply them)
             let sums: Vec<f32> = xs.chunks_exact(16).map(|c| c.iter().sum()).collect();
-            out_t
-                .par_chunks_mut(m)
-                .with_min_len(DOT_TASK)
-                .enumerate()
-                .for_each(|(j, dst)| {
+            // runs of at least DOT_TASK rows, up to 4 per thread
+            let threads = rayon::current_num_threads().max(1);
+            let rows = n.div_ceil(4 * threads).max(DOT_TASK);
+            super::spin::for_each_chunk(&mut out_t, rows * m, |t, dst| {
+                for (i, dst) in dst.chunks_mut(m).enumerate() {
+                    let j = t * rows + i;
                     let row = &wb[j * row_bytes..(j + 1) * row_bytes];
                     row_dots(format, row, &xs, &sums, k, dst);
-                });
+                }
+            });
         } else {
             // about two panels per thread, whole 16s of rows
             let threads = rayon::current_num_threads().max(1);
