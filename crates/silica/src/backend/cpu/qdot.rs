@@ -364,7 +364,7 @@ mod x86 {
     //! the end of the row and is copied to a zeroed buffer first, so that no
     //! load reads past the row.
 
-    use super::{GB, Path, QB, QuantizedRows, WeightRows, f16_le, layout_of};
+    use super::{GB, Path, QB, QuantizedRows, WeightRows, layout_of};
     use std::arch::x86_64::*;
 
     /// The blocks `b0..` of `row`, whole if `nb - b0 >= n`, otherwise the
@@ -386,23 +386,6 @@ mod x86 {
             buf[..have.len()].copy_from_slice(have);
             buf.as_ptr()
         }
-    }
-
-    /// The dw and mw of blocks `b0..b0 + N` of `row` (zero past its end).
-    #[inline(always)]
-    fn scales<const F: u8, const N: usize>(row: &[u8], b0: usize) -> ([f32; N], [f32; N]) {
-        let (bb, _, bias) = layout_of(F);
-        let mut d = [0f32; N];
-        let mut m = [0f32; N];
-        for (i, blk) in row[b0 * bb..].chunks_exact(bb).take(N).enumerate() {
-            d[i] = f16_le(blk[0], blk[1]);
-            m[i] = if F == 2 {
-                f16_le(blk[2], blk[3])
-            } else {
-                -bias * d[i]
-            };
-        }
-        (d, m)
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -580,6 +563,32 @@ mod x86 {
         }
     }
 
+    /// The dw and mw of blocks `b0..b0 + 8` of `row` (zero past its end),
+    /// the halves converted by F16C (mw is 0 for Q8_0, whose quants the
+    /// AVX2 kernel uses signed).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn scales8<const F: u8>(row: &[u8], b0: usize) -> (__m256, __m256) {
+        let (bb, _, bias) = layout_of(F);
+        let mut d = [0u16; 8];
+        let mut m = [0u16; 8];
+        for (i, blk) in row[b0 * bb..].chunks_exact(bb).take(8).enumerate() {
+            d[i] = u16::from_le_bytes([blk[0], blk[1]]);
+            if F == 2 {
+                m[i] = u16::from_le_bytes([blk[2], blk[3]]);
+            }
+        }
+        // SAFETY: `d` and `m` are 16 bytes each
+        let dw = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(d.as_ptr().cast()) });
+        let mw = match F {
+            0 => _mm256_setzero_ps(),
+            // SAFETY: as above
+            2 => _mm256_cvtph_ps(unsafe { _mm_loadu_si128(m.as_ptr().cast()) }),
+            _ => _mm256_mul_ps(dw, _mm256_set1_ps(-bias)),
+        };
+        (dw, mw)
+    }
+
     /// AVX2: as the AVX-512 kernel with two blocks per vector (`vpmaddubsw`
     /// then `vpmaddwd` against ones). Q8_0 quants are used signed here
     /// (`vpsignb`), since 255 · 127 · 2 overflows `vpmaddubsw`'s 16-bit sums.
@@ -602,12 +611,7 @@ mod x86 {
         for run in 0..nb.div_ceil(RUN) {
             let b0 = run * RUN;
             let live = (nb - b0).min(RUN);
-            let (d, mut m) = scales::<F, RUN>(row, b0);
-            if F == 0 {
-                m = [0.0; RUN];
-            }
-            // SAFETY: `d` and `m` are arrays of 8
-            let (dw, mw) = unsafe { (_mm256_loadu_ps(d.as_ptr()), _mm256_loadu_ps(m.as_ptr())) };
+            let (dw, mw) = scales8::<F>(row, b0);
             let mut sc = [_mm256_setzero_ps(); R];
             for i in 0..R {
                 // SAFETY: the scale rows hold whole runs of SB >= 8 blocks
