@@ -34,7 +34,7 @@ const GEMM_MIN_M: usize = 8;
 /// Multiply-adds per task of the integer path (at least): below it, handing
 /// work to another thread costs more than it saves (docs/tuning.md, "CPU
 /// thread-pool thresholds").
-const INT8_TASK_MIN: usize = 1 << 18;
+const INT8_TASK_MIN: usize = 1 << 15;
 
 pub fn qmatmul(
     format: QuantFormat,
