@@ -485,6 +485,11 @@ mod x86 {
             let plain = b * bb + (GB - 1) * bb + at + 32 <= row.len();
             let keep = |t: usize| if t < live { 0xffff } else { 0 };
             let p = row[b * bb..].as_ptr();
+            // the blocks four groups ahead (a prefetch never faults)
+            let ahead = p.wrapping_add(4 * GB * bb);
+            for l in 0..(GB * bb).div_ceil(64) {
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * l).cast());
+            }
             // SAFETY: plain loads read inside `row`, masked ones inside its
             // blocks
             let load = |o: usize, t: usize| unsafe {
@@ -611,6 +616,12 @@ mod x86 {
         for run in 0..nb.div_ceil(RUN) {
             let b0 = run * RUN;
             let live = (nb - b0).min(RUN);
+            // the blocks two runs ahead (the rest of the row, then the
+            // next row's start: rows follow each other in memory)
+            let ahead = row.as_ptr().wrapping_add((b0 + 2 * RUN) * bb);
+            for l in 0..(RUN * bb).div_ceil(64) {
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * l).cast());
+            }
             let (dw, mw) = scales8::<F>(row, b0);
             let mut sc = [_mm256_setzero_ps(); R];
             for i in 0..R {
