@@ -383,17 +383,7 @@ pub fn train_probe(
             architecture,
             pool,
             holdout: test_rows,
-            options: format!(
-                "kind={} l2={} epochs={} batch_size={} lr={} seed={} holdout={} site={}",
-                opts.kind.name(),
-                opts.l2,
-                opts.epochs,
-                opts.batch_size,
-                opts.lr,
-                opts.seed,
-                opts.holdout,
-                site.name()
-            ),
+            options: opts.describe(site),
         })
     })?;
     Ok(PyProbe { set, device: dev })

@@ -98,6 +98,23 @@ pub struct Prompt {
 
 /// Prompts from `path` ("-": standard input): JSON objects per line for
 /// `.jsonl` files, else plain lines; blank lines are skipped.
+/// The prompts given on the command line, then those of `file`.
+pub fn gather_prompts(texts: &[String], file: Option<&Path>) -> Result<Vec<Prompt>, CliError> {
+    let mut prompts: Vec<Prompt> = texts
+        .iter()
+        .map(|t| Prompt {
+            text: t.clone(),
+            id: None,
+            label: None,
+            tokens: None,
+        })
+        .collect();
+    if let Some(file) = file {
+        prompts.extend(read_prompts(file)?);
+    }
+    Ok(prompts)
+}
+
 pub fn read_prompts(path: &Path) -> Result<Vec<Prompt>, CliError> {
     let text = crate::read_text_file(path)?;
     let jsonl = path
@@ -232,19 +249,7 @@ pub fn run(args: &ActivationsArgs) -> Result<(), CliError> {
             args.output.display()
         )));
     }
-    let mut prompts: Vec<Prompt> = args
-        .prompts
-        .iter()
-        .map(|t| Prompt {
-            text: t.clone(),
-            id: None,
-            label: None,
-            tokens: None,
-        })
-        .collect();
-    if let Some(file) = &args.file {
-        prompts.extend(read_prompts(file)?);
-    }
+    let prompts = gather_prompts(&args.prompts, args.file.as_deref())?;
     if prompts.is_empty() {
         return Err(CliError::msg(
             "no prompts: pass some, or --file FILE (.jsonl with \"text\", or one per line)".into(),

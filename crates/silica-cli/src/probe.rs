@@ -11,7 +11,7 @@ use silica::DType;
 use silica_models::capture::{ActivationFile, CaptureSpec, Pool, Site, batches, parse_layers};
 use silica_models::probe::{self, LinearProbe, Metrics, ProbeKind, ProbeSet, TrainOptions};
 
-use crate::activations::{Capturer, Prompt, parse_positive, read_prompts};
+use crate::activations::{Capturer, gather_prompts, parse_positive};
 use crate::{CliError, emit};
 
 #[derive(clap::Args)]
@@ -343,17 +343,7 @@ fn train(args: &TrainArgs) -> Result<(), CliError> {
         architecture: meta.architecture.clone(),
         pool: meta.pool,
         holdout: test_rows,
-        options: format!(
-            "kind={} l2={} epochs={} batch_size={} lr={} seed={} holdout={} site={}",
-            opts.kind.name(),
-            opts.l2,
-            opts.epochs,
-            opts.batch_size,
-            opts.lr,
-            opts.seed,
-            opts.holdout,
-            site.name()
-        ),
+        options: opts.describe(site),
     };
     set.save(&args.output)?;
     writeln!(out, "wrote {}", args.output.display())?;
@@ -392,19 +382,7 @@ fn truncate(s: &str, w: usize) -> String {
 fn run_probe(args: &RunArgs) -> Result<(), CliError> {
     let set = ProbeSet::load(&args.probe)?;
     let dtype = crate::generate::parse_dtype(&args.dtype)?;
-    let mut prompts: Vec<Prompt> = args
-        .texts
-        .iter()
-        .map(|t| Prompt {
-            text: t.clone(),
-            id: None,
-            label: None,
-            tokens: None,
-        })
-        .collect();
-    if let Some(f) = &args.file {
-        prompts.extend(read_prompts(f)?);
-    }
+    let prompts = gather_prompts(&args.texts, args.file.as_deref())?;
     if prompts.is_empty() {
         return Err(CliError::msg(
             "no text to read: pass some, or --file FILE".into(),

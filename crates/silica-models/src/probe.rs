@@ -79,6 +79,24 @@ impl Default for TrainOptions {
     }
 }
 
+impl TrainOptions {
+    /// The settings as a probe file's `options` records them, with the
+    /// site the activations came from.
+    pub fn describe(&self, site: Site) -> String {
+        format!(
+            "kind={} l2={} epochs={} batch_size={} lr={} seed={} holdout={} site={}",
+            self.kind.name(),
+            self.l2,
+            self.epochs,
+            self.batch_size,
+            self.lr,
+            self.seed,
+            self.holdout,
+            site.name()
+        )
+    }
+}
+
 /// Held-out results of a probe: predicted class = the most probable one.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Metrics {

@@ -172,6 +172,7 @@ fn custom_op_kernels_translate_to_msl_and_spirv() {
     use naga::valid::{Capabilities, ValidationFlags, Validator};
     let sources = [
         ("head_norm", include_str!("kernels/head_norm.wgsl")),
+        ("low_rank_in", include_str!("kernels/low_rank_in.wgsl")),
         (
             "lora_delta",
             include_str!("../../../examples/lora_delta.wgsl"),
