@@ -13,12 +13,25 @@ pub(crate) struct AttentionStep {
     pub style: RopeStyle,
     pub heads: usize,
     pub scale: f32,
+    pub window: Option<usize>,
+    pub softcap: Option<f32>,
 }
 
 impl AttentionStep {
+    /// The first cache row the new position sees through the window.
+    pub(crate) fn first_key(&self) -> usize {
+        self.window
+            .map_or(0, |w| (self.start + 1).saturating_sub(w))
+    }
+
     fn composed(&self, inputs: &[&Tensor], cache: &mut Tensor) -> Result<Tensor> {
         let rope = (inputs[1], inputs[2], self.style);
-        inputs[0].cached_attention_composed(cache, self.start, rope, self.heads, self.scale)
+        let opts = crate::CachedAttentionOpts {
+            scale: self.scale,
+            window: self.window,
+            softcap: self.softcap,
+        };
+        inputs[0].cached_attention_composed(cache, self.start, rope, self.heads, opts)
     }
 }
 
@@ -37,8 +50,7 @@ impl CustomOp for AttentionStep {
     }
 
     fn gpu(&self, call: &mut GpuCall<'_>) -> Result<bool> {
-        let (start, style) = (self.start, self.style);
-        crate::backend::gpu::custom::attention_step(call, start, style, self.heads, self.scale)
+        crate::backend::gpu::custom::attention_step(call, self)
     }
 
     fn compose(&self, inputs: &[&Tensor], in_place: &mut [&mut Tensor]) -> Result<Option<Tensor>> {
@@ -96,6 +108,40 @@ impl CustomOp for FusedQMatmul {
                 ..Tolerance::sums(dtype)
             }
         }
+    }
+}
+
+/// `rms_norm(x, weight) + residual`: operands `[x, weight, residual]`,
+/// the caller checked them.
+pub(crate) struct RmsNormAdd {
+    pub eps: f32,
+}
+
+impl CustomOp for RmsNormAdd {
+    fn name(&self) -> &'static str {
+        "rms_norm_add"
+    }
+
+    fn output(&self, inputs: &[&Tensor], _: &[&Tensor]) -> Result<(Vec<usize>, DType)> {
+        Ok((inputs[0].shape().to_vec(), inputs[0].dtype()))
+    }
+
+    fn cpu(&self, inputs: &[&Tensor], _: &mut [&mut Tensor]) -> Result<Tensor> {
+        let (x, w, r) = (inputs[0], inputs[1], inputs[2]);
+        x.rms_norm(w, self.eps)?.add(r)
+    }
+
+    fn gpu(&self, call: &mut GpuCall<'_>) -> Result<bool> {
+        crate::backend::gpu::custom::rms_norm_add(call, self.eps)
+    }
+
+    fn compose(&self, inputs: &[&Tensor], in_place: &mut [&mut Tensor]) -> Result<Option<Tensor>> {
+        self.cpu(inputs, in_place).map(Some)
+    }
+
+    /// The norm's sum, and one rounding fewer than the composition's.
+    fn tolerance(&self, dtype: DType, _: usize) -> Tolerance {
+        Tolerance::sums(dtype)
     }
 }
 

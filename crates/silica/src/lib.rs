@@ -48,7 +48,9 @@ pub use dtype::{DType, Element};
 pub use error::{Error, Result};
 pub use layout::{Layout, broadcast_shapes};
 pub use memory::MemoryStats;
-pub use ops::{AttentionOpts, BinaryOp, CmpOp, Op, QFusion, ReduceOp, RopeStyle, UnaryOp};
+pub use ops::{
+    AttentionOpts, BinaryOp, CachedAttentionOpts, CmpOp, Op, QFusion, ReduceOp, RopeStyle, UnaryOp,
+};
 pub use qtensor::{QFuse, QTensor};
 pub use quant::QuantFormat;
 pub use tensor::{PendingRead, Tensor};

@@ -299,6 +299,9 @@ pub struct QFuse<'a> {
     /// `w` holds two stacked matrices `[2n, k]` (gate, then up): the result
     /// is `silu(x @ gateᵀ) * (x @ upᵀ)`, `[.., n]`.
     pub swiglu: bool,
+    /// As `swiglu`, with `gelu_tanh` in place of `silu` (GeGLU, Gemma's
+    /// feed-forward); not with `swiglu`.
+    pub geglu: bool,
     /// Added to the result (same shape and dtype as the result).
     pub residual: Option<&'a Tensor>,
     /// A low-rank update `(u, b)` added to the product before the SwiGLU:
@@ -376,7 +379,7 @@ impl Tensor {
     /// let x = Tensor::randn(&[1, 64], DType::F32, 2, &dev)?;
     /// let g = Tensor::ones(&[64], DType::F32, &dev)?;
     /// let r = Tensor::randn(&[1, 8], DType::F32, 3, &dev)?;
-    /// let fuse = QFuse { rms_norm: Some((&g, 1e-5)), swiglu: true, residual: Some(&r), low_rank: None };
+    /// let fuse = QFuse { rms_norm: Some((&g, 1e-5)), swiglu: true, residual: Some(&r), ..QFuse::default() };
     /// let y = x.matmul_q_fused(&gate_up, fuse)?; // [1, 8]
     /// let h = x.rms_norm(&g, 1e-5)?.matmul_q(&gate_up)?;
     /// let want = h.narrow(1, 0, 8)?.swiglu(&h.narrow(1, 8, 8)?)?.add(&r)?;
@@ -387,6 +390,7 @@ impl Tensor {
     pub fn matmul_q_fused(&self, w: &QTensor, fuse: QFuse<'_>) -> Result<Tensor> {
         let plain = fuse.rms_norm.is_none()
             && !fuse.swiglu
+            && !fuse.geglu
             && fuse.residual.is_none()
             && fuse.low_rank.is_none();
         let op = if plain { "matmul_q" } else { "matmul_q_fused" };
@@ -403,12 +407,18 @@ impl Tensor {
                 ),
             });
         }
-        let n = if fuse.swiglu {
+        if fuse.swiglu && fuse.geglu {
+            return Err(Error::InvalidArgument {
+                op,
+                msg: "swiglu and geglu are two gates: set one".into(),
+            });
+        }
+        let n = if fuse.swiglu || fuse.geglu {
             if !w.rows.is_multiple_of(2) {
                 return Err(Error::InvalidArgument {
                     op,
                     msg: format!(
-                        "swiglu needs gate and up stacked in w, an even row count, not {}",
+                        "a gated product needs gate and up stacked in w, an even row count, not {}",
                         w.rows
                     ),
                 });
@@ -503,6 +513,7 @@ impl Tensor {
             fusion: QFusion {
                 rms_norm: fuse.rms_norm.map(|(_, eps)| eps),
                 swiglu: fuse.swiglu,
+                geglu: fuse.geglu,
                 residual: fuse.residual.is_some(),
                 low_rank: fuse.low_rank.is_some(),
             },
@@ -565,9 +576,14 @@ pub(crate) fn qmatmul_composed(
     if fusion.low_rank {
         y = y.add(&cast(inputs[next])?.matmul(&cast(inputs[next + 1])?)?)?;
     }
-    if fusion.swiglu {
+    if fusion.gated() {
         let n = rows / 2;
-        y = y.narrow(-1, 0, n)?.swiglu(&y.narrow(-1, n, n)?)?;
+        let (gate, up) = (y.narrow(-1, 0, n)?, y.narrow(-1, n, n)?);
+        y = if fusion.geglu {
+            gate.gelu_tanh()?.mul(&up)?
+        } else {
+            gate.swiglu(&up)?
+        };
     }
     if let Some(r) = residual {
         y = y.add(&cast(r)?)?;

@@ -290,16 +290,36 @@ fn check_mode_with_strided_operands() {
 /// a cache copy and attention): `attention_step_sg` where the adapter's
 /// subgroups hold a head's 8 lanes (16-bit heads of 64), `attention_step`
 /// otherwise. Check mode compares it with the CPU's
-/// composition of those ops, attention and cache row alike.
+/// composition of those ops, attention and cache row alike. So is a step
+/// with Gemma 3's head size of 256, a sliding window that hides the first
+/// keys and soft-capped scores.
 #[test]
 fn cached_attention_step_is_one_checked_kernel() {
     let Some((_serial, dev, g)) = locked_gpu() else {
         return;
     };
+    one_checked_step(&dev, &g, 64, 5, silica::CachedAttentionOpts::scaled(0.125));
+    let gemma = silica::CachedAttentionOpts {
+        scale: 0.0625,
+        window: Some(4),
+        softcap: Some(1.0),
+    };
+    one_checked_step(&dev, &g, 256, 10, gemma);
+}
+
+/// One decode step at `start` of a cache of `start + 3` rows, on `dev`
+/// and on the CPU (see `cached_attention_step_is_one_checked_kernel`).
+fn one_checked_step(
+    dev: &Device,
+    g: &GpuDevice,
+    hd: usize,
+    start: usize,
+    opts: silica::CachedAttentionOpts,
+) {
     let cpu = Device::cpu();
-    let (h, kvh, hd, start) = (4, 2, 64, 5);
-    let qkv = Tensor::randn(&[1, h + 2 * kvh, hd], DType::F16, 51, &dev).unwrap();
-    let cache0 = Tensor::randn(&[8, 2 * kvh, hd], DType::F16, 52, &dev).unwrap();
+    let (h, kvh) = (4, 2);
+    let qkv = Tensor::randn(&[1, h + 2 * kvh, hd], DType::F16, 51, dev).unwrap();
+    let cache0 = Tensor::randn(&[start + 3, 2 * kvh, hd], DType::F16, 52, dev).unwrap();
     let angles: Vec<f32> = (0..hd / 2).map(|i| 0.3 + i as f32 * 0.01).collect();
     let a = Tensor::from_vec(angles, &[1, hd / 2], &cpu).unwrap();
     let (cos, sin) = (a.cos().unwrap(), a.sin().unwrap());
@@ -312,7 +332,7 @@ fn cached_attention_step_is_one_checked_kernel() {
         );
         let qkv = qkv.to_device(d)?;
         g.set_check(check);
-        let out = qkv.cached_attention(&mut cache, start, tables, h, 0.125);
+        let out = qkv.cached_attention_with(&mut cache, start, tables, h, opts);
         g.set_check(false);
         Ok((out?, cache))
     };
@@ -322,11 +342,11 @@ fn cached_attention_step_is_one_checked_kernel() {
     };
     let want = host(step(&cpu, false).unwrap());
 
-    let before = step(&dev, false).unwrap(); // kernels built outside the profile
+    let before = step(dev, false).unwrap(); // kernels built outside the profile
     dev.synchronize().unwrap();
     dev.reset_profile();
     assert!(dev.set_profiling(true), "{dev}: profiling did not start");
-    let got = step(&dev, false).unwrap();
+    let got = step(dev, false).unwrap();
     dev.synchronize().unwrap();
     dev.set_profiling(false);
     let report = dev.profile_report();
@@ -343,7 +363,7 @@ fn cached_attention_step_is_one_checked_kernel() {
     let got = host(got);
     assert_eq!(host(before), got, "two runs of the same step differ");
 
-    let checked = host(step(&dev, true).expect("cached_attention under check mode"));
+    let checked = host(step(dev, true).expect("cached_attention under check mode"));
     for (what, g, c, w) in [
         ("attention", &got.0, &checked.0, &want.0),
         ("cache", &got.1, &checked.1, &want.1),

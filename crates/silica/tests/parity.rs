@@ -510,14 +510,17 @@ fn qmatmul_fused_cases(cases: &mut Vec<Case>) {
         QuantFormat::Q6_K,
     ] {
         for dtype in DType::FLOATS {
-            for bits in 1..8u32 {
-                let (norm, swiglu, residual) = (bits & 1 != 0, bits & 2 != 0, bits & 4 != 0);
+            // bit 8: the gate is GeGLU's
+            for bits in (1..8u32).chain([11, 15]) {
+                let (norm, gated, residual) = (bits & 1 != 0, bits & 2 != 0, bits & 4 != 0);
+                let geglu = bits & 8 != 0;
+                let swiglu = gated && !geglu;
                 for (m, n, k) in shapes {
                     let name = format!(
-                        "matmul_q_fused {format} {dtype} norm={norm} swiglu={swiglu} residual={residual} [{m}, {k}] -> {n}"
+                        "matmul_q_fused {format} {dtype} norm={norm} swiglu={swiglu} geglu={geglu} residual={residual} [{m}, {k}] -> {n}"
                     );
                     case(cases, name, quantized(dtype, m), move |d| {
-                        let rows = if swiglu { 2 * n } else { n };
+                        let rows = if gated { 2 * n } else { n };
                         let w = QTensor::random(format, &[rows, k], 40, d)?;
                         let x = input(Kind::Contiguous, &[m, k], dtype, 41, d)?;
                         let g = input(Kind::Offset, &[k], dtype, 42, d)?;
@@ -525,6 +528,7 @@ fn qmatmul_fused_cases(cases: &mut Vec<Case>) {
                         let fuse = QFuse {
                             rms_norm: norm.then_some((&g, 1e-5)),
                             swiglu,
+                            geglu,
                             residual: residual.then_some(&r),
                             low_rank: None,
                         };
@@ -556,6 +560,7 @@ fn qmatmul_fused_cases(cases: &mut Vec<Case>) {
                         let fuse = QFuse {
                             rms_norm: norm.then_some((&g, 1e-5)),
                             swiglu,
+                            geglu: false,
                             residual: residual.then_some(&r),
                             low_rank: Some((&u, &b)),
                         };
@@ -654,6 +659,7 @@ fn all_cases() -> Vec<Case> {
     data_movement_cases(&mut cases);
     nn_cases(&mut cases);
     cached_attention_cases(&mut cases);
+    windowed_attention_cases(&mut cases);
     head_norm_cases(&mut cases);
     cases
 }
@@ -759,6 +765,15 @@ fn nn_cases(cases: &mut Vec<Case>) {
                 case(cases, name, accumulating(dtype), move |d| {
                     let w = input(Kind::Contiguous, &[n], dtype, 11, d)?;
                     input(kind, shape, dtype, 10, d)?.rms_norm(&w, 1e-5)
+                });
+                // one kernel where the rows and the residual are whole
+                // words (every kind but the transposed one, at 300 and 576
+                // and past), composed otherwise
+                let name = format!("rms_norm_add {dtype} {kind:?} {shape:?}");
+                case(cases, name, accumulating(dtype), move |d| {
+                    let w = input(Kind::Contiguous, &[n], dtype, 11, d)?;
+                    let r = input(Kind::Contiguous, shape, dtype, 16, d)?;
+                    input(kind, shape, dtype, 10, d)?.rms_norm_add(&w, 1e-5, &r)
                 });
                 let name = format!("layer_norm {dtype} {kind:?} {shape:?}");
                 case(cases, name, accumulating(dtype), move |d| {
@@ -962,6 +977,65 @@ fn cached_attention_cases(cases: &mut Vec<Case>) {
                 }
                 let refs: Vec<&Tensor> = parts.iter().collect();
                 Tensor::cat(&refs, 0)
+            });
+        }
+    }
+}
+
+/// `cached_attention_with` a sliding window and soft-capped scores
+/// (Gemma's): a single new position stays one kernel on a GPU, which reads
+/// only the window's rows of the cache; several positions compose with a
+/// mask. Head sizes up to 256 (Gemma 3's) run on the step kernels, split
+/// into chunks past 256 keys.
+fn windowed_attention_cases(cases: &mut Vec<Case>) {
+    use silica::RopeStyle::{Adjacent, Half};
+    // (new positions, start, capacity, query heads, KV heads, head size,
+    // style, window, soft cap)
+    type Step = (
+        usize,
+        usize,
+        usize,
+        usize,
+        usize,
+        usize,
+        silica::RopeStyle,
+        Option<usize>,
+        Option<f32>,
+    );
+    let steps: [Step; 8] = [
+        (1, 20, 32, 2, 1, 64, Half, Some(8), None),
+        (1, 600, 700, 4, 1, 256, Half, Some(512), None),
+        (1, 30, 40, 4, 2, 32, Adjacent, None, Some(0.5)),
+        (1, 300, 400, 2, 1, 128, Half, Some(100), Some(1.0)),
+        (1, 900, 1000, 2, 1, 256, Half, None, None),
+        (1, 5, 8, 2, 1, 16, Half, Some(64), Some(2.0)),
+        (3, 10, 16, 2, 1, 16, Half, Some(4), Some(2.0)),
+        (2, 5, 8, 2, 1, 16, Adjacent, Some(4), None),
+    ];
+    for dtype in DType::FLOATS {
+        for (t, start, cap, h, kvh, hd, style, window, softcap) in steps {
+            let name = format!(
+                "cached_attention_with {dtype} t{t} at {start} of {cap} h{h}/{kvh} d{hd} {style:?} window {window:?} softcap {softcap:?}"
+            );
+            case(cases, name, accumulating(dtype), move |d| {
+                let qkv = Tensor::randn(&[t, h + 2 * kvh, hd], dtype, 43, d)?;
+                let mut cache = Tensor::randn(&[cap, 2 * kvh, hd], dtype, 44, d)?;
+                let (cos, sin) = rope_tables(start + t, hd / 2, d)?;
+                let (cos, sin) = (cos.narrow(0, start, t)?, sin.narrow(0, start, t)?);
+                let opts = silica::CachedAttentionOpts {
+                    scale: 1.0 / (hd as f32).sqrt(),
+                    window,
+                    softcap,
+                };
+                let out =
+                    qkv.cached_attention_with(&mut cache, start, (&cos, &sin, style), h, opts)?;
+                Tensor::cat(
+                    &[
+                        &out.reshape(&[t * h * hd])?,
+                        &cache.reshape(&[cap * 2 * kvh * hd])?,
+                    ],
+                    0,
+                )
             });
         }
     }

@@ -470,7 +470,14 @@ fn fused_products_match_their_definition() {
             QuantFormat::Q5_K,
             QuantFormat::Q6_K,
         ] {
-            for (rows, k) in [(1, 256), (9, 256), (1, 4352)] {
+            // (rows, k, GeGLU in place of SwiGLU)
+            for (rows, k, gelu) in [
+                (1, 256, false),
+                (9, 256, false),
+                (1, 4352, false),
+                (1, 256, true),
+                (9, 256, true),
+            ] {
                 let w = QTensor::random(format, &[2 * n, k], 5, &dev).unwrap();
                 let wd: Vec<f32> = w.dequantize(DType::F32).unwrap().to_vec().unwrap();
                 let x = Tensor::randn(&[rows, k], DType::F32, 6, &dev).unwrap();
@@ -478,7 +485,8 @@ fn fused_products_match_their_definition() {
                 let r = Tensor::randn(&[rows, n], DType::F32, 8, &dev).unwrap();
                 let fuse = QFuse {
                     rms_norm: Some((&g, 1e-5)),
-                    swiglu: true,
+                    swiglu: !gelu,
+                    geglu: gelu,
                     residual: Some(&r),
                     low_rank: None,
                 };
@@ -513,14 +521,19 @@ fn fused_products_match_their_definition() {
                     };
                     for j in 0..n {
                         let (gate, up) = (dot(j), dot(n + j));
-                        let silu = gate / (1.0 + (-gate).exp());
-                        want[i * n + j] = (silu * up + rs[i * n + j] as f64) as f32;
+                        let act = if gelu {
+                            let c = (2.0 / std::f64::consts::PI).sqrt();
+                            0.5 * gate * (1.0 + (c * (gate + 0.044715 * gate.powi(3))).tanh())
+                        } else {
+                            gate / (1.0 + (-gate).exp())
+                        };
+                        want[i * n + j] = (act * up + rs[i * n + j] as f64) as f32;
                     }
                 }
                 let err = rel_err(&got, &want);
                 assert!(
                     err < 1e-4,
-                    "{dev} {format} rows {rows} k {k} (GPU int8 {gpu_int8}): relative error {err}"
+                    "{dev} {format} rows {rows} k {k} GeGLU {gelu} (GPU int8 {gpu_int8}): relative error {err}"
                 );
             }
         }

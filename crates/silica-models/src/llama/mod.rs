@@ -19,7 +19,7 @@
 use std::path::Path;
 
 pub use silica::RopeStyle;
-use silica::{DType, Device, QFuse, QTensor, QuantFormat, Tensor};
+use silica::{CachedAttentionOpts, DType, Device, QFuse, QTensor, QuantFormat, Tensor};
 
 use crate::gguf::GgufFile;
 use crate::lora::{self, LoraAdapter};
@@ -69,9 +69,14 @@ impl Weight {
                 if let Some((u, b)) = fuse.low_rank {
                     y = y.add(&u.to_dtype(y.dtype())?.matmul(b)?)?;
                 }
-                if fuse.swiglu {
+                if fuse.swiglu || fuse.geglu {
                     let n = y.dim(-1)? / 2;
-                    y = y.narrow(-1, 0, n)?.swiglu(&y.narrow(-1, n, n)?)?;
+                    let (gate, up) = (y.narrow(-1, 0, n)?, y.narrow(-1, n, n)?);
+                    y = if fuse.geglu {
+                        gate.gelu_tanh()?.mul(&up)?
+                    } else {
+                        gate.swiglu(&up)?
+                    };
                 }
                 match fuse.residual {
                     Some(r) => y.add(r),
@@ -227,11 +232,41 @@ impl Stacked {
         norm: (&Tensor, f32),
         lora: Option<&LowRank>,
     ) -> silica::Result<Tensor> {
+        self.gated(x, norm, lora, false)
+    }
+
+    /// GeGLU, `gelu_tanh(gate) * up` (Gemma), as [`Stacked::swiglu`].
+    fn geglu(
+        &self,
+        x: &Tensor,
+        norm: (&Tensor, f32),
+        lora: Option<&LowRank>,
+    ) -> silica::Result<Tensor> {
+        self.gated(x, norm, lora, true)
+    }
+
+    /// `act(gate) * up` of `rms_norm(x)`, `act` tanh-GELU where `gelu`,
+    /// SiLU otherwise.
+    fn gated(
+        &self,
+        x: &Tensor,
+        norm: (&Tensor, f32),
+        lora: Option<&LowRank>,
+        gelu: bool,
+    ) -> silica::Result<Tensor> {
+        let gate = |g: &Tensor, up: &Tensor| {
+            if gelu {
+                g.gelu_tanh()?.mul(up)
+            } else {
+                g.swiglu(up)
+            }
+        };
         match self {
             Stacked::Fused(w) => {
                 let fuse = QFuse {
                     rms_norm: Some(norm),
-                    swiglu: true,
+                    swiglu: !gelu,
+                    geglu: gelu,
                     ..QFuse::default()
                 };
                 w.with_update(x, fuse, lora)
@@ -239,35 +274,13 @@ impl Stacked {
             Stacked::Split(_) if lora.is_some() => {
                 let y = self.apply(x, norm, None, lora)?;
                 let n = y.dim(-1)? / 2;
-                y.narrow(-1, 0, n)?.swiglu(&y.narrow(-1, n, n)?)
+                gate(&y.narrow(-1, 0, n)?, &y.narrow(-1, n, n)?)
             }
             Stacked::Split(parts) => {
                 let hn = x.rms_norm(norm.0, norm.1)?;
-                parts[0].apply(&hn)?.swiglu(&parts[1].apply(&hn)?)
+                gate(&parts[0].apply(&hn)?, &parts[1].apply(&hn)?)
             }
         }
-    }
-
-    /// GeGLU, `gelu_tanh(gate) * up` of `rms_norm(x)` for the gate and up
-    /// projections (Gemma).
-    fn geglu(
-        &self,
-        x: &Tensor,
-        norm: (&Tensor, f32),
-        lora: Option<&LowRank>,
-    ) -> silica::Result<Tensor> {
-        let (gate, up) = match self {
-            Stacked::Split(parts) if lora.is_none() => {
-                let hn = x.rms_norm(norm.0, norm.1)?;
-                (parts[0].apply(&hn)?, parts[1].apply(&hn)?)
-            }
-            _ => {
-                let y = self.apply(x, norm, None, lora)?;
-                let n = y.dim(-1)? / 2;
-                (y.narrow(-1, 0, n)?, y.narrow(-1, n, n)?)
-            }
-        };
-        gate.gelu_tanh()?.mul(&up)
     }
 }
 
@@ -1100,21 +1113,30 @@ impl Llama {
                 }
             }
             Some((post_attn, post_ffn)) => {
-                let a = l.wo.apply_with(&att, lo)?.rms_norm(post_attn, eps)?;
-                taps.put(layer, Site::Attention, &a)?;
-                let x = a.add(&x)?;
+                // the post-norm and the residual sum in one kernel, unless
+                // a tap wants the normed output
+                let post = |y: Tensor, norm: &Tensor, x: &Tensor, site, taps: &mut dyn Taps| {
+                    if taps.wants(layer, site) {
+                        let y = y.rms_norm(norm, eps)?;
+                        taps.put(layer, site, &y)?;
+                        Ok::<_, Error>(y.add(x)?)
+                    } else {
+                        Ok(y.rms_norm_add(norm, eps, x)?)
+                    }
+                };
+                let a = l.wo.apply_with(&att, lo)?;
+                let x = post(a, post_attn, &x, Site::Attention, taps)?;
                 let act = l.gate_up.geglu(&x, (&l.ffn_norm, eps), lgu)?; // [rows, ffn]
-                let m = l.w_down.apply_with(&act, ld)?.rms_norm(post_ffn, eps)?;
-                taps.put(layer, Site::Mlp, &m)?;
-                m.add(&x)?
+                let m = l.w_down.apply_with(&act, ld)?;
+                post(m, post_ffn, &x, Site::Mlp, taps)?
             }
         })
     }
 
     /// Gemma's attention step of one layer (`window`: its sliding window,
-    /// if local): as [`Tensor::cached_attention`] where neither a window
-    /// nor soft-capping changes anything (the window covers every key),
-    /// else composed: the rotation, the cache write, then attention over
+    /// if local): [`Tensor::cached_attention_with`] for one position, or
+    /// where neither a window nor soft-capping changes anything (the
+    /// window covers every key), else composed: the rotation, the cache write, then attention over
     /// the keys in reach, with `mask` (`[t, keys]`, made on first use and
     /// kept for the step's other layers of the same kind) where several
     /// queries see different keys.
@@ -1135,9 +1157,15 @@ impl Llama {
         let total = start + t;
         // some key falls out of some query's window
         let cut = window.is_some_and(|w| total > w);
-        if g.attn_softcap.is_none() && !cut {
+        if t == 1 || (g.attn_softcap.is_none() && !cut) {
+            // one kernel on a GPU, which reads only the window's keys
             let rope = (cos, sin, style);
-            return Ok(qkv.cached_attention(cache, start, rope, h, c.attention_scale)?);
+            let opts = CachedAttentionOpts {
+                scale: c.attention_scale,
+                window,
+                softcap: g.attn_softcap,
+            };
+            return Ok(qkv.cached_attention_with(cache, start, rope, h, opts)?);
         }
         let rotated = qkv.rope_heads(cos, sin, style, h + kvh)?;
         cache.slice_assign(start, &rotated.narrow(1, h, 2 * kvh)?)?;
@@ -1147,10 +1175,10 @@ impl Llama {
         let keys = cache.narrow(0, lo, total - lo)?;
         let (k, v) = (keys.narrow(1, 0, kvh)?, keys.narrow(1, kvh, kvh)?);
         let softcap = g.attn_softcap;
-        // one query sees every key from lo on; several need a mask (causal
-        // and the window's band for soft-capping, the band alone for the
-        // attention op, which is causal itself)
-        if t > 1 && (cut || softcap.is_some()) && mask.is_none() {
+        // several queries need a mask (causal and the window's band for
+        // soft-capping, the band alone for the attention op, which is
+        // causal itself)
+        if mask.is_none() {
             *mask = Some(gemma::attention_mask(
                 start..total,
                 lo..total,
@@ -1160,7 +1188,7 @@ impl Llama {
                 &self.device,
             )?);
         }
-        let m = if t > 1 { mask.as_ref() } else { None };
+        let m = mask.as_ref();
         Ok(match softcap {
             Some(cap) => gemma::softcapped_attention(&q, &k, &v, m, c.attention_scale, cap)?,
             None => gemma::windowed_attention(&q, &k, &v, m, c.attention_scale)?,

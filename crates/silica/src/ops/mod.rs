@@ -13,7 +13,7 @@ mod reduce;
 mod unary;
 
 pub use binary::{BinaryOp, CmpOp};
-pub use nn::{AttentionOpts, RopeStyle};
+pub use nn::{AttentionOpts, CachedAttentionOpts, RopeStyle};
 pub use reduce::ReduceOp;
 pub use unary::UnaryOp;
 
@@ -30,6 +30,9 @@ pub struct QFusion {
     pub rms_norm: Option<f32>,
     /// `silu(y[.., :n]) * y[.., n:]` of the product `y [.., 2n]`.
     pub swiglu: bool,
+    /// `gelu_tanh(y[.., :n]) * y[.., n:]` (GeGLU) instead; not with
+    /// `swiglu`.
+    pub geglu: bool,
     /// The op's residual input (after the norm weight) added to the result.
     pub residual: bool,
     /// A low-rank update `u @ b` added to the product before the SwiGLU:
@@ -42,9 +45,16 @@ impl QFusion {
     pub const NONE: QFusion = QFusion {
         rms_norm: None,
         swiglu: false,
+        geglu: false,
         residual: false,
         low_rank: false,
     };
+
+    /// Whether the product is gated (SwiGLU or GeGLU): `w` holds gate and
+    /// up stacked, and the result has half its rows.
+    pub fn gated(&self) -> bool {
+        self.swiglu || self.geglu
+    }
 
     pub fn is_none(&self) -> bool {
         *self == Self::NONE
@@ -71,7 +81,21 @@ impl QFusion {
             "matmul_q+low_rank+swiglu+add",
             "rms_norm+matmul_q+low_rank+swiglu+add",
         ];
-        let i = self.rms_norm.is_some() as usize
+        const GEGLU: [&str; 8] = [
+            "matmul_q+geglu",
+            "rms_norm+matmul_q+geglu",
+            "matmul_q+geglu+add",
+            "rms_norm+matmul_q+geglu+add",
+            "matmul_q+low_rank+geglu",
+            "rms_norm+matmul_q+low_rank+geglu",
+            "matmul_q+low_rank+geglu+add",
+            "rms_norm+matmul_q+low_rank+geglu+add",
+        ];
+        let norm = self.rms_norm.is_some() as usize;
+        if self.geglu {
+            return GEGLU[norm | (self.residual as usize) << 1 | (self.low_rank as usize) << 2];
+        }
+        let i = norm
             | (self.swiglu as usize) << 1
             | (self.residual as usize) << 2
             | (self.low_rank as usize) << 3;

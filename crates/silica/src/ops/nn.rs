@@ -37,6 +37,30 @@ impl AttentionOpts {
     }
 }
 
+/// Parameters of [`Tensor::cached_attention_with`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CachedAttentionOpts {
+    /// Multiplies `q · k`; usually `1 / sqrt(head_dim)`.
+    pub scale: f32,
+    /// A sliding window: the query at position `p` sees the keys at
+    /// `p - window + 1 ..= p` only (`None`: every earlier key).
+    pub window: Option<usize>,
+    /// Soft-capping of the scaled scores, `cap · tanh(s / cap)`, before
+    /// the softmax (`None`: none).
+    pub softcap: Option<f32>,
+}
+
+impl CachedAttentionOpts {
+    /// Plain causal attention with `scale`.
+    pub fn scaled(scale: f32) -> Self {
+        Self {
+            scale,
+            window: None,
+            softcap: None,
+        }
+    }
+}
+
 /// A norm's weight or bias as the kernels read it: contiguous from the
 /// start of its storage (the GPU kernels take no offset for these, so a
 /// narrowed view, such as one row of a stacked parameter, is copied).
@@ -92,6 +116,35 @@ impl Tensor {
         self.check_row_param(op.name(), "weight", weight)?;
         let w = packed_row_param(weight)?;
         run(op, &[self, &w], self.shape().to_vec(), self.dtype())
+    }
+
+    /// `self.rms_norm(weight, eps) + residual` (`residual` of `self`'s
+    /// shape and dtype), rounded once: a norm after a product before its
+    /// residual sum (Gemma's post-attention and post-feed-forward norms).
+    /// One kernel on a GPU where the rows can be read as whole words.
+    pub fn rms_norm_add(&self, weight: &Tensor, eps: f32, residual: &Tensor) -> Result<Tensor> {
+        let name = "rms_norm_add";
+        self.require_rank(name, 1)?;
+        self.check_row_param(name, "weight", weight)?;
+        self.same_device(residual, name)?;
+        if residual.dtype() != self.dtype() {
+            return Err(Error::DTypeMismatch {
+                op: name,
+                lhs: self.dtype(),
+                rhs: residual.dtype(),
+            });
+        }
+        if residual.shape() != self.shape() {
+            return Err(Error::ShapeMismatch {
+                op: name,
+                lhs: self.shape().to_vec(),
+                rhs: residual.shape().to_vec(),
+                hint: "the residual has the normed tensor's shape".into(),
+            });
+        }
+        let w = packed_row_param(weight)?;
+        let op = crate::fused::RmsNormAdd { eps };
+        crate::custom::apply(&op, &[self, &w, residual])
     }
 
     /// LayerNorm over the last dimension: `(x - mean) / sqrt(var + eps) *
@@ -280,6 +333,23 @@ impl Tensor {
         heads: usize,
         scale: f32,
     ) -> Result<Tensor> {
+        let opts = CachedAttentionOpts::scaled(scale);
+        self.cached_attention_with(cache, start, rope, heads, opts)
+    }
+
+    /// [`Tensor::cached_attention`] with a sliding window and soft-capped
+    /// scores (Gemma's attention) where `opts` has them. A decode step on
+    /// a GPU stays one kernel with either; the window's keys are the
+    /// cache's rows from `start + 1 - window` on, so a step reads no more
+    /// than the window whatever the cache holds.
+    pub fn cached_attention_with(
+        &self,
+        cache: &mut Tensor,
+        start: usize,
+        rope: (&Tensor, &Tensor, RopeStyle),
+        heads: usize,
+        opts: CachedAttentionOpts,
+    ) -> Result<Tensor> {
         let name = "cached_attention";
         let bad = |msg: String| Error::InvalidArgument { op: name, msg };
         self.same_device(cache, name)?;
@@ -315,6 +385,12 @@ impl Tensor {
                 cache.shape()
             )));
         }
+        if opts.window == Some(0) || opts.softcap.is_some_and(|c| !(c > 0.0 && c.is_finite())) {
+            return Err(bad(format!(
+                "the window {:?} must be positive and the soft cap {:?} positive and finite",
+                opts.window, opts.softcap
+            )));
+        }
         let (cos, sin, style) = rope;
         // the fused kernel checks nothing of the tables: rope_heads' checks
         // below run for any other table
@@ -326,11 +402,13 @@ impl Tensor {
                 start,
                 style,
                 heads,
-                scale,
+                scale: opts.scale,
+                window: opts.window,
+                softcap: opts.softcap,
             };
             return crate::custom::apply_in_place(&step, &[self, cos, sin], &mut [cache]);
         }
-        self.cached_attention_composed(cache, start, rope, heads, scale)
+        self.cached_attention_composed(cache, start, rope, heads, opts)
     }
 
     /// RMSNorm of each query head and each key head of a packed QKV tensor,
@@ -389,28 +467,53 @@ impl Tensor {
         crate::custom::apply(&op, &[&x, q_weight, k_weight])
     }
 
-    /// [`Tensor::cached_attention`] as rope, a cache update and attention
-    /// (operands already checked).
+    /// [`Tensor::cached_attention_with`] as rope, a cache update and
+    /// attention over the keys in reach (operands already checked): a
+    /// window that hides keys from some query, or soft-capping, needs a
+    /// mask of several queries and, with soft-capping, the scores
+    /// composed from matmuls.
     pub(crate) fn cached_attention_composed(
         &self,
         cache: &mut Tensor,
         start: usize,
         (cos, sin, style): (&Tensor, &Tensor, RopeStyle),
         heads: usize,
-        scale: f32,
+        opts: CachedAttentionOpts,
     ) -> Result<Tensor> {
         let t = self.shape()[0];
+        let total = start + t;
         let kv2 = cache.shape()[1];
         let kvh = kv2 / 2;
         let rotated = self.rope_heads(cos, sin, style, heads + kvh)?;
         cache.slice_assign(start, &rotated.narrow(1, heads, kv2)?)?;
-        let all = cache.narrow(0, 0, start + t)?;
-        let (k, v) = (all.narrow(1, 0, kvh)?, all.narrow(1, kvh, kvh)?);
-        let opts = AttentionOpts {
-            scale,
-            causal: true,
+        // the first key the first query sees
+        let lo = opts.window.map_or(0, |w| (start + 1).saturating_sub(w));
+        let keys = cache.narrow(0, lo, total - lo)?;
+        let (k, v) = (keys.narrow(1, 0, kvh)?, keys.narrow(1, kvh, kvh)?);
+        let q = rotated.narrow(1, 0, heads)?;
+        // a later query loses keys the first one sees
+        let cut = t > 1 && opts.window.is_some_and(|w| total - lo > w);
+        let mask = if cut || (t > 1 && opts.softcap.is_some()) {
+            Some(window_mask(
+                start..total,
+                lo..total,
+                opts.window,
+                self.dtype(),
+                self.device(),
+            )?)
+        } else {
+            None
         };
-        rotated.narrow(1, 0, heads)?.attention(&k, &v, None, opts)
+        match opts.softcap {
+            None => {
+                let causal = AttentionOpts {
+                    scale: opts.scale,
+                    causal: true,
+                };
+                q.attention(&k, &v, mask.as_ref(), causal)
+            }
+            Some(cap) => softcapped_attention(&q, &k, &v, mask.as_ref(), opts.scale, cap),
+        }
     }
 
     fn require_rank(&self, op: &'static str, min: usize) -> Result<()> {
@@ -422,4 +525,60 @@ impl Tensor {
         }
         Ok(())
     }
+}
+
+/// The additive mask `[queries, keys]` of the queries at the positions
+/// `queries` over the keys at the positions `keys`: 0 where a query sees a
+/// key (at or before it, and with a `window` less than `window` positions
+/// back), `-inf` elsewhere.
+fn window_mask(
+    queries: std::ops::Range<usize>,
+    keys: std::ops::Range<usize>,
+    window: Option<usize>,
+    dtype: DType,
+    device: &crate::Device,
+) -> Result<Tensor> {
+    let (t, tk) = (queries.len(), keys.len());
+    let mut m = Vec::with_capacity(t * tk);
+    for q in queries {
+        m.extend(keys.clone().map(|k| {
+            let seen = k <= q && window.is_none_or(|w| q - k < w);
+            if seen { 0.0 } else { f32::NEG_INFINITY }
+        }));
+    }
+    Tensor::from_vec(m, &[t, tk], &crate::Device::cpu())?
+        .to_dtype(dtype)?
+        .to_device(device)
+}
+
+/// `softmax(cap · tanh(q kᵀ · scale / cap) + mask) v` composed from
+/// matmuls, with `q` `[t, H, D]`, `k` and `v` `[tk, KVH, D]` (query head
+/// `h` reads KV head `h / (H / KVH)`) and `mask` `[t, tk]`. Returns `[t,
+/// H, D]`.
+fn softcapped_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: Option<&Tensor>,
+    scale: f32,
+    cap: f32,
+) -> Result<Tensor> {
+    let [t, h, d] = [q.shape()[0], q.shape()[1], q.shape()[2]];
+    let [tk, kvh] = [k.shape()[0], k.shape()[1]];
+    let group = h / kvh;
+    // [KVH, group · t, D]: the query heads of each KV head one after another
+    let qh = q
+        .permute(&[1, 0, 2])?
+        .contiguous()?
+        .reshape(&[kvh, group * t, d])?;
+    let scores = qh.matmul(&k.permute(&[1, 2, 0])?)?; // [KVH, group · t, tk]
+    let mut scores = scores.mul_scalar(scale / cap)?.tanh()?.mul_scalar(cap)?;
+    if let Some(m) = mask {
+        scores = scores
+            .reshape(&[kvh, group, t, tk])?
+            .add(m)?
+            .reshape(&[kvh, group * t, tk])?;
+    }
+    let out = scores.softmax(-1)?.matmul(&v.permute(&[1, 0, 2])?)?; // [KVH, group · t, D]
+    out.reshape(&[h, t, d])?.permute(&[1, 0, 2])?.contiguous()
 }

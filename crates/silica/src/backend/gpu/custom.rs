@@ -221,10 +221,7 @@ fn register(kernel: &WgslKernel, inputs: usize, outputs: usize) -> Result<&'stat
 /// operands; `false` otherwise, with nothing recorded.
 pub(crate) fn attention_step(
     call: &mut GpuCall<'_>,
-    start: usize,
-    style: crate::RopeStyle,
-    heads: usize,
-    scale: f32,
+    step: &crate::fused::AttentionStep,
 ) -> Result<bool> {
     let (qkv, cos, sin) = (call.inputs[0], call.inputs[1], call.inputs[2]);
     let cache = call.in_place[0];
@@ -234,8 +231,22 @@ pub(crate) fn attention_step(
     call.output()?;
     // invariant: allocated just above
     let out = call.out.as_ref().expect("the output buffer");
-    let rope = (cos, sin, style);
-    super::nn::attention_step(&call.device.ctx, qkv, cache, start, rope, heads, scale, out)?;
+    super::nn::attention_step(&call.device.ctx, qkv, cache, (cos, sin), step, out)?;
+    Ok(true)
+}
+
+/// `rms_norm(x, weight) + residual` (operands in that order) as one row
+/// kernel where it reads them as whole words; `false` otherwise, with
+/// nothing recorded.
+pub(crate) fn rms_norm_add(call: &mut GpuCall<'_>, eps: f32) -> Result<bool> {
+    let (x, w, r) = (call.inputs[0], call.inputs[1], call.inputs[2]);
+    if !super::reduce::rms_norm_add_fits(x, r) {
+        return Ok(false);
+    }
+    call.output()?;
+    // invariant: allocated just above
+    let out = call.out.as_ref().expect("the output buffer");
+    super::reduce::rms_norm_add(&call.device.ctx, x, w, r, eps, out)?;
     Ok(true)
 }
 

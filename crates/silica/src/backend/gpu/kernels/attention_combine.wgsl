@@ -2,7 +2,7 @@
 // (decode_attention.wgsl): merges the partial results of the chunks of
 // each query row, y = Σ acc_c·exp(m_c - M) / Σ l_c·exp(m_c - M) with
 // M = max m_c. One workgroup of 64 threads per row; thread t writes
-// dimensions 2t and 2t + 1 (head size <= 128), 16-bit pairs as one word.
+// dimensions 2t + 128i and 2t + 128i + 1, 16-bit pairs as one word.
 
 struct Params {
     rows: u32,
@@ -25,8 +25,7 @@ fn at(i: u32) -> f32 {
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let row = group_index(wid, nwg);
-    let c = 2u * lid;
-    if row >= p.rows || c >= p.d {
+    if row >= p.rows {
         return;
     }
     let base = row * p.chunks * p.record;
@@ -34,21 +33,23 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     for (var k = 0u; k < p.chunks; k++) {
         big = max(big, at(base + k * p.record));
     }
-    var sum = 0.0;
-    var y = vec2<f32>(0.0);
-    for (var k = 0u; k < p.chunks; k++) {
-        let r = base + k * p.record;
-        let w = exp(at(r) - big);
-        sum = fma(w, at(r + 1u), sum);
-        y = fma(vec2<f32>(w), vec2<f32>(at(r + 4u + c), at(r + 5u + c)), y);
-    }
-    // no visible key: NaN, as on the CPU (0 / 0 is not reliably NaN on GPUs)
-    y = select(y / sum, vec2<f32>(bitcast<f32>(0x7fc00000u)), sum == 0.0);
-    let e = row * p.d + c;
-    if OUT_DT == 1u || OUT_DT == 2u {
-        dst[e >> 1u] = encode_pair(y.x, y.y, OUT_DT);
-    } else {
-        dst[e] = bitcast<u32>(y.x);
-        dst[e + 1u] = bitcast<u32>(y.y);
+    for (var c = 2u * lid; c < p.d; c += 128u) {
+        var sum = 0.0;
+        var y = vec2<f32>(0.0);
+        for (var k = 0u; k < p.chunks; k++) {
+            let r = base + k * p.record;
+            let w = exp(at(r) - big);
+            sum = fma(w, at(r + 1u), sum);
+            y = fma(vec2<f32>(w), vec2<f32>(at(r + 4u + c), at(r + 5u + c)), y);
+        }
+        // no visible key: NaN, as on the CPU (0 / 0 is not reliably NaN on GPUs)
+        y = select(y / sum, vec2<f32>(bitcast<f32>(0x7fc00000u)), sum == 0.0);
+        let e = row * p.d + c;
+        if OUT_DT == 1u || OUT_DT == 2u {
+            dst[e >> 1u] = encode_pair(y.x, y.y, OUT_DT);
+        } else {
+            dst[e] = bitcast<u32>(y.x);
+            dst[e + 1u] = bitcast<u32>(y.y);
+        }
     }
 }

@@ -240,7 +240,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             for (var o = LK / 2u; o > 0u; o >>= 1u) {
                 x += subgroupShuffleXor(x, o);
             }
-            s[u] = select(NEG_INF, x * p.scale, t < end);
+            s[u] = select(NEG_INF, capped(x * p.scale), t < end);
             top = max(top, s[u]);
         }
         let f = exp(st.m - top);

@@ -55,7 +55,7 @@ fn head_chunk(c: u32) -> u32 {
     return chunk_len(c, p.d);
 }
 
-var<workgroup> qsh: array<vec4<f32>, 32>;
+var<workgroup> qsh: array<vec4<f32>, 64>;
 var<workgroup> score: array<f32, MAX_CHUNK>;
 var<workgroup> acc_sh: array<vec4<f32>, THREADS>;
 
@@ -72,7 +72,7 @@ fn fresh_dot() -> f32 {
 // The score of key t of the chunk from its dot product with the (scaled)
 // query: the mask added, NEG_INF past the chunk's n keys.
 fn finish_score(t: u32, n: u32, m0: u32, begin: u32, qk: f32) -> f32 {
-    var x = qk;
+    var x = capped(qk);
     if HAS_MASK {
         x += elem(MASK, m0 + (begin + min(t, max(n, 1u) - 1u)) * p.sm.w);
     }

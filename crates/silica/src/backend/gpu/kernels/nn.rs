@@ -177,10 +177,30 @@ pub(crate) static ATTENTION_COMBINE: Kernel = Kernel {
 const TILED_MAX_D: usize = 128;
 /// Queries up to which attention is split over the keys (decode steps).
 const DECODE_MAX_TQ: usize = 4;
+/// Largest head size of the split-K decode kernels (Gemma 3's 256).
+const DECODE_MAX_D: usize = 256;
 /// Keys per workgroup of the split-K decode kernel: smaller chunks give
 /// more workgroups, but each chunk's phases cost more than that parallelism
 /// gains (docs/tuning.md, "Decode attention workgroup").
 const DECODE_CHUNK: usize = 256;
+/// Workgroups below which a long cache of few rows (Gemma 3's four query
+/// heads) is split into more, shorter chunks: one workgroup over 256 keys
+/// of a 256-wide head took 75 µs on an H200.
+const DECODE_MIN_GROUPS: usize = 64;
+/// The shortest chunk of such a split.
+const DECODE_MIN_CHUNK: usize = 64;
+
+/// Keys a workgroup of the split-K decode kernel takes, and chunks a row,
+/// for `rows` rows over `tk` keys.
+fn decode_split(tk: usize, rows: usize) -> (usize, usize) {
+    let mut chunks = tk.div_ceil(DECODE_CHUNK).max(1);
+    if tk > DECODE_CHUNK && rows * chunks < DECODE_MIN_GROUPS {
+        let more = DECODE_MIN_GROUPS.div_ceil(rows.max(1));
+        chunks = chunks.max(more.min(tk.div_ceil(DECODE_MIN_CHUNK)));
+    }
+    let chunk = tk.div_ceil(chunks).max(1);
+    (chunk, tk.div_ceil(chunk).max(1))
+}
 /// Queries per workgroup of the flash kernel.
 const FLASH_BQ: usize = 32;
 /// Queries per workgroup, and keys per tile, of the cooperative-matrix
@@ -345,7 +365,7 @@ pub(crate) fn attention(
         .map(|(i, t)| (word_rows(t.layout(), dt) as u32) << i)
         .sum::<u32>();
     let rows = b * tq * h;
-    let chunks = tk.div_ceil(DECODE_CHUNK).max(1);
+    let (chunk, chunks) = decode_split(tk, rows);
     let record = decode_record(d);
     let mut words = vec![
         to_u32(b, "batch")?,
@@ -366,7 +386,7 @@ pub(crate) fn attention(
     }
     words.extend_from_slice(&[
         0,
-        DECODE_CHUNK as u32,
+        to_u32(chunk, "chunk size")?,
         to_u32(chunks, "chunk count")?,
         record as u32,
     ]);
@@ -374,9 +394,10 @@ pub(crate) fn attention(
     let srcs = [buffer(q), buffer(k), buffer(v), buffer(mask.unwrap_or(q))];
     let has_mask = if mask.is_some() { 1.0 } else { 0.0 };
     let wg_memory = ctx.workgroup_memory();
-    let kernel = if d > TILED_MAX_D || wg_memory < 32 * 1024 {
+    let decodes = tq <= DECODE_MAX_TQ && d <= DECODE_MAX_D;
+    let kernel = if wg_memory < 32 * 1024 || (d > TILED_MAX_D && !decodes) {
         &ATTENTION
-    } else if tq <= DECODE_MAX_TQ {
+    } else if decodes {
         let decode = Decode {
             kernel: &DECODE_ATTENTION,
             constants: decode_constants([
@@ -554,7 +575,7 @@ pub(crate) fn fuses_step(
 ) -> bool {
     let d = qkv.shape()[2];
     d.is_multiple_of(8)
-        && d <= TILED_MAX_D
+        && d <= DECODE_MAX_D
         && ctx.workgroup_memory() >= 32 * 1024
         && [qkv, cache, cos, sin]
             .iter()
@@ -571,28 +592,30 @@ pub(crate) fn fuses_step(
 /// keys and values of positions `0..start`, to which the kernel adds
 /// position `start` (the key rotated). `out` gets `[1, heads, D]`. The
 /// caller checked shapes, dtypes and [`fuses_step`].
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn attention_step(
     ctx: &Context,
     qkv: &Tensor,
     cache: &Tensor,
-    start: usize,
-    (cos, sin, style): (&Tensor, &Tensor, RopeStyle),
-    heads: usize,
-    scale: f32,
+    (cos, sin): (&Tensor, &Tensor),
+    step: &crate::fused::AttentionStep,
     out: &GpuBuffer,
 ) -> Result<()> {
+    let (start, style, heads, scale) = (step.start, step.style, step.heads, step.scale);
     let d = qkv.shape()[2];
     let kvh = cache.shape()[1] / 2;
-    let tk = start + 1;
+    // a window starts the keys further in: the kernel sees the cache from
+    // row `first` on, and writes the new position at its last row
+    let first = step.first_key();
+    let tk = start + 1 - first;
     let lanes = step_sg_lanes(ctx, qkv, cache, style);
     // keys a workgroup takes, and workgroups a head
     let (chunk, chunks) = match lanes {
         Some(_) => sg_chunks(tk),
-        None => (DECODE_CHUNK, tk.div_ceil(DECODE_CHUNK)),
+        None => decode_split(tk, heads),
     };
     let u = |v: usize, what: &str| to_u32(v, what);
-    let (oq, oc) = (qkv.layout().offset(), cache.layout().offset());
+    let oq = qkv.layout().offset();
+    let oc = cache.layout().offset() + first * 2 * kvh * d;
     let (row_q, row_c) = (
         u(qkv.shape()[1] * d, "row size")?,
         u(2 * kvh * d, "row size")?,
@@ -623,7 +646,7 @@ pub(crate) fn attention_step(
         0,
     ]);
     words.extend_from_slice(&[
-        0,
+        step.softcap.unwrap_or(0.0).to_bits(),
         u(chunk, "chunk size")?,
         u(chunks, "chunk count")?,
         decode_record(d) as u32,

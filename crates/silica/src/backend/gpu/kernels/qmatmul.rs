@@ -197,13 +197,13 @@ fn gemv_lanes(n: usize, k: usize, rows: usize) -> usize {
 /// Whether the GEMV kernel computes `fusion` for `m` rows of x: up to 8
 /// rows, 4 with SwiGLU (whose lane sets need two weight rows at least).
 pub(crate) fn fuses(m: usize, fusion: QFusion) -> bool {
-    m <= GEMV_MAX_M && (!fusion.swiglu || gemv_rows(m, usize::MAX) >= 2)
+    m <= GEMV_MAX_M && (!fusion.gated() || gemv_rows(m, usize::MAX) >= 2)
 }
 
 /// Output columns of one GEMV lane set dotting `rows` weight rows: all of
 /// them, or half with SwiGLU (gate and up rows of the same columns).
 fn output_columns(rows: usize, fusion: QFusion) -> usize {
-    if fusion.swiglu { rows / 2 } else { rows }
+    if fusion.gated() { rows / 2 } else { rows }
 }
 
 /// `x @ wᵀ` (inputs as for `Op::QMatmul`), with the fusions of the GEMV
@@ -248,9 +248,9 @@ pub(crate) fn qmatmul(
         // and in short rows (see integer_rows). 2 rows at 4,096 columns and
         // 4 at 2,048 both lose (docs/tuning.md, "Decode GEMV rows").
         let x_blocks = integer_gemv(ctx, int8, format, m, k);
-        let mut rows = gemv_rows(m, if fusion.swiglu { usize::MAX } else { n });
+        let mut rows = gemv_rows(m, if fusion.gated() { usize::MAX } else { n });
         if x_blocks.is_some() {
-            rows = integer_rows(format, rows, fusion.swiglu, k);
+            rows = integer_rows(format, rows, fusion.gated(), k);
         }
         let oc = output_columns(rows, fusion);
         let lanes = match x_blocks {
@@ -498,7 +498,8 @@ fn constants(
             ("R", rows as f64),
             ("OC", output_columns(rows, g.fusion) as f64),
             ("NORM", flag(g.fusion.rms_norm.is_some())),
-            ("SWIGLU", flag(g.fusion.swiglu)),
+            ("SWIGLU", flag(g.fusion.gated())),
+            ("GELU", flag(g.fusion.geglu)),
             ("RESIDUAL", flag(g.fusion.residual)),
             ("RES_DT", g.residual.gpu_code() as f64),
             ("LORA", g.low_rank as f64),
@@ -601,21 +602,29 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
                         ));
                     }
                 }
-                for bits in bits {
-                    let fusion = QFusion {
-                        rms_norm: (bits & 1 != 0).then_some(1e-5),
-                        swiglu: bits & 2 != 0,
-                        residual: bits & 4 != 0,
-                        low_rank: bits & 8 != 0,
-                    };
+                // GeGLU (Gemma's gate) with the norm, as Gemma decodes
+                let geglu = QFusion {
+                    rms_norm: Some(1e-5),
+                    geglu: true,
+                    ..QFusion::NONE
+                };
+                let fusions = bits.clone().map(|bits| QFusion {
+                    rms_norm: (bits & 1 != 0).then_some(1e-5),
+                    swiglu: bits & 2 != 0,
+                    geglu: false,
+                    residual: bits & 4 != 0,
+                    low_rank: bits & 8 != 0,
+                });
+                let fusions = fusions.chain((!bits.is_empty()).then_some(geglu));
+                for fusion in fusions {
                     out.push(gemv(1, rows(1), 32, fusion));
                     if integer_format(format) {
                         for (xb, k) in I8_BUFFERS {
-                            let rows = integer_rows(format, rows(1), fusion.swiglu, k);
+                            let rows = integer_rows(format, rows(1), fusion.gated(), k);
                             out.extend(integer(rows, fusion, xb));
                         }
                     }
-                    if fusion.swiglu {
+                    if fusion.gated() {
                         out.push(gemv(3, rows(3), 32, fusion));
                     }
                 }

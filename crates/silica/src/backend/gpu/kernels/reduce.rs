@@ -80,16 +80,53 @@ pub(crate) fn rows_vec(
     out: &GpuBuffer,
     out_dtype: DType,
 ) -> Result<bool> {
+    rows_vec_plus(ctx, op, x, weights, None, eps, out, out_dtype)
+}
+
+/// Whether [`rms_norm_add`] runs with these operands: rows that
+/// rows_vec.wgsl reads as whole words, and a contiguous residual of `x`'s
+/// shape and dtype from a whole word.
+pub(crate) fn rms_norm_add_fits(x: &Tensor, residual: &Tensor) -> bool {
+    vec_rows(x, x.dtype()).is_some()
+        && residual.is_contiguous()
+        && residual.shape() == x.shape()
+        && residual.dtype() == x.dtype()
+        && residual
+            .layout()
+            .offset()
+            .is_multiple_of(16 / x.dtype().size_in_bytes())
+}
+
+/// [`rows_vec`] of an RMSNorm with `residual` added to its output in the
+/// same kernel; the caller checked [`rms_norm_add_fits`].
+pub(crate) fn rms_norm_add(
+    ctx: &Context,
+    x: &Tensor,
+    weight: &Tensor,
+    residual: &Tensor,
+    eps: f32,
+    out: &GpuBuffer,
+) -> Result<()> {
+    let (op, w) = (RowOp::RmsNorm, [weight, weight]);
+    let done = rows_vec_plus(ctx, op, x, w, Some(residual), eps, out, x.dtype())?;
+    debug_assert!(done, "rms_norm_add_fits passed operands rows_vec refused");
+    Ok(())
+}
+
+/// The rows of `x` as rows_vec.wgsl reads them, for an output of
+/// `out_dtype`: (rows, elements a row, words between row starts, elements
+/// a word); `None` where it cannot.
+fn vec_rows(x: &Tensor, out_dtype: DType) -> Option<(usize, usize, usize, usize)> {
     let dt = x.dtype();
     if out_dtype != dt || !matches!(dt, DType::F32 | DType::F16 | DType::BF16) {
-        return Ok(false);
+        return None;
     }
     let per_word = 16 / dt.size_in_bytes();
     let l = x.layout();
     let r = l.rank();
     let n = l.shape()[r - 1];
     if n == 0 || !n.is_multiple_of(per_word) || (n > 1 && l.strides()[r - 1] != 1) {
-        return Ok(false);
+        return None;
     }
     let outer = Layout::new(
         l.shape()[..r - 1].to_vec(),
@@ -101,17 +138,40 @@ pub(crate) fn rows_vec(
     let row_stride = match outer.strides() {
         [] => 0,
         [s] => *s,
-        _ => return Ok(false),
+        _ => return None,
     };
     if !l.offset().is_multiple_of(per_word) || !row_stride.is_multiple_of(per_word) {
-        return Ok(false);
+        return None;
     }
+    Some((rows, n, row_stride, per_word))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn rows_vec_plus(
+    ctx: &Context,
+    op: RowOp,
+    x: &Tensor,
+    weights: [&Tensor; 2],
+    residual: Option<&Tensor>,
+    eps: f32,
+    out: &GpuBuffer,
+    out_dtype: DType,
+) -> Result<bool> {
+    let dt = x.dtype();
+    let Some((rows, n, row_stride, per_word)) = vec_rows(x, out_dtype) else {
+        return Ok(false);
+    };
+    let l = x.layout();
     let header = [
         to_u32(rows, "row count")?,
         to_u32(n / per_word, "row length")?,
         to_u32(l.offset() / per_word, "offset")?,
         to_u32(row_stride / per_word, "stride")?,
         eps.to_bits(),
+        to_u32(
+            residual.map_or(0, |r| r.layout().offset() / per_word),
+            "offset",
+        )?,
     ];
     // about four words per thread: short rows (16-bit ones above all) in
     // smaller workgroups, which spend less on their reductions
@@ -122,15 +182,17 @@ pub(crate) fn rows_vec(
         RowOp::Softmax | RowOp::LogSoftmax => &SOFTMAX_VEC,
         RowOp::RmsNorm | RowOp::LayerNorm => &NORM_VEC,
     };
+    let second = residual.unwrap_or(weights[1]);
     ctx.dispatch(
         kernel,
         &[
             ("OP", op as u32 as f64),
             ("DT", dt.gpu_code() as f64),
             ("ROW_THREADS", threads as f64),
+            ("RESIDUAL", if residual.is_some() { 1.0 } else { 0.0 }),
         ],
         &params(&header, &[]),
-        &[buffer(x), buffer(weights[0]), buffer(weights[1])],
+        &[buffer(x), buffer(weights[0]), buffer(second)],
         out,
         ctx.grid(to_u32(rows, "row count")?),
     )?;
@@ -292,6 +354,15 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
                 ));
             }
         }
+        out.push((
+            &NORM_VEC,
+            vec![
+                ("OP", 2.0),
+                ("DT", dt),
+                ("ROW_THREADS", 64.0),
+                ("RESIDUAL", 1.0),
+            ],
+        ));
         for log in [0.0, 1.0] {
             for o in [dt, 0.0] {
                 out.push((&SOFTMAX, vec![("LOG", log), ("SRC_DT", dt), ("OUT_DT", o)]));

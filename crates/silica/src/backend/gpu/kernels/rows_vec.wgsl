@@ -10,7 +10,9 @@
 // are read again in each pass. The arithmetic is that of softmax.wgsl and
 // norm.wgsl (the same two-pass maximum/sum and mean/variance), only the
 // memory access differs. Halves are decoded with unpack2x16float; outputs
-// are encoded with the exact rounding of common.wgsl.
+// are encoded with the exact rounding of common.wgsl. With RESIDUAL (an
+// RMSNorm), `bias` holds rows to add to the output, contiguous from word
+// res_q, rounded once with the sum.
 
 struct Params {
     rows: u32,
@@ -19,7 +21,7 @@ struct Params {
     base_q: u32,
     row_q: u32,
     eps: f32,
-    _pad0: u32,
+    res_q: u32,
     _pad1: u32,
     _pad2: u32,
 }
@@ -33,6 +35,7 @@ struct Params {
 // 0 softmax, 1 log-softmax, 2 RMSNorm, 3 LayerNorm
 override OP: u32 = 0u;
 override DT: u32 = 0u;
+override RESIDUAL: bool = false;
 
 const R: u32 = 4u;
 
@@ -161,10 +164,15 @@ fn part2(s: f32, w: Word, a: f32, ok: bool) -> f32 {
 
 fn emit(row: u32, q: u32, w: Word, a: f32, b: f32) {
     if q < p.nq {
-        let lo = finish(w.lo, q, 0u, a, b);
+        var lo = finish(w.lo, q, 0u, a, b);
         var hi = lo;
         if DT != 0u {
             hi = finish(w.hi, q, 1u, a, b);
+        }
+        if RESIDUAL {
+            let r = bias[p.res_q + row * p.nq + q];
+            lo += unpack4(r, 0u);
+            hi += unpack4(r, 1u);
         }
         store(row, q, lo, hi);
     }

@@ -20,7 +20,8 @@ struct Params {
     sk: vec4<u32>,
     sv: vec4<u32>,
     sm: vec4<u32>,
-    _pad: u32,
+    // tanh soft-capping of the scaled scores, cap · tanh(s / cap); 0: none
+    softcap: f32,
     // split-K decoding: keys per workgroup, workgroups per query row, and
     // the words of one partial result in the scratch buffer
     chunk: u32,
@@ -34,3 +35,12 @@ override DT: u32 = 0u;
 override HAS_MASK: bool = false;
 
 const NEG_INF: f32 = -3.4028235e38;
+
+// A scaled score soft-capped where the launcher asks for it.
+fn capped(s: f32) -> f32 {
+    if p.softcap > 0.0 {
+        // clamped: some drivers overflow inside tanh for large |x|
+        return p.softcap * tanh(clamp(s / p.softcap, -15.0, 15.0));
+    }
+    return s;
+}

@@ -10,7 +10,8 @@
 //   added to the product, before the SwiGLU: a low-rank update whose
 //   first half (u) an earlier kernel computed.
 // - SWIGLU: w holds gate [N, K] then up [N, K]; a lane set takes R / 2
-//   columns of each and writes silu(gate) * up.
+//   columns of each and writes silu(gate) * up, or with GELU
+//   gelu_tanh(gate) * up (GeGLU).
 // - RESIDUAL: the residual r [M, N] (dtype RES_DT) is added.
 
 @group(0) @binding(0) var<uniform> p: QParams;
@@ -32,6 +33,7 @@ override LANES: u32 = 32u;
 override R: u32 = 1u;
 override NORM: bool = false;
 override SWIGLU: bool = false;
+override GELU: bool = false;
 override RESIDUAL: bool = false;
 override LORA: u32 = 0u;
 // Output columns per lane set: R, or R / 2 with SWIGLU.
@@ -100,7 +102,13 @@ fn result(j: u32, r: u32, slot: u32) -> f32 {
         if NORM {
             u *= inv_rms[r];
         }
-        v = v / (1.0 + exp(-v)) * u;
+        if GELU {
+            // clamped: some drivers overflow inside tanh for large |x|
+            let inner = 0.7978845608028654 * (v + 0.044715 * v * v * v);
+            v = 0.5 * v * (1.0 + tanh(clamp(inner, -15.0, 15.0))) * u;
+        } else {
+            v = v / (1.0 + exp(-v)) * u;
+        }
     }
     return v;
 }
