@@ -7,7 +7,7 @@
 #[path = "common/tiny_llama.rs"]
 mod tiny_llama;
 
-use silica_models::llama::{Llama, SeqStep};
+use silica_models::llama::{Llama, PoolStep, SeqStep};
 use tiny_llama::{Tiny, TinyModelFile};
 
 fn rows(t: &silica::Tensor) -> Vec<Vec<f32>> {
@@ -126,5 +126,115 @@ fn batched_sequences_match_each_alone() {
         assert!(model.forward_batch(&mut steps).is_err());
         assert!(model.forward_batch(&mut []).is_err());
         assert_eq!(caches.iter().map(|c| c.len()).collect::<Vec<_>>(), before);
+    }
+}
+
+/// `Llama::forward_pooled`: the same steps with the caches as slots of one
+/// pool, a slot freed and taken again, and a sequence long enough to grow
+/// the pool past its first 256 rows a slot (the others' rows are carried
+/// over); every result against the sequence alone.
+#[test]
+fn pooled_sequences_match_each_alone() {
+    let file = TinyModelFile::write_quantized("pool", &Tiny::quantized());
+    for dev in tiny_llama::devices() {
+        let gguf = silica_models::gguf::GgufFile::open(&file.path).unwrap();
+        let model = Llama::load(&gguf, &dev, silica::DType::F32).unwrap();
+        let mut pool = model.new_pool(3).unwrap();
+        let slots: Vec<usize> = (0..3).map(|_| pool.acquire().unwrap()).collect();
+        assert_eq!(pool.acquire(), None, "three slots");
+        let prompts: [&[u32]; 3] = [&[1, 5, 9, 13, 2, 7], &[1, 4], &[1, 8, 8, 3, 30]];
+        let steps: Vec<PoolStep> = slots
+            .iter()
+            .zip(prompts)
+            .map(|(&slot, ids)| PoolStep { slot, ids })
+            .collect();
+        let out = rows(&model.forward_pooled(&mut pool, &steps).unwrap());
+        for i in 0..3 {
+            let d = max_diff(&out[i], &alone(&model, &[], prompts[i]));
+            assert!(d < 2e-3, "{dev:?}: prompt of sequence {i} differs by {d}");
+        }
+        // decode steps of every sequence, one token each (one kernel on a GPU)
+        let mut history: Vec<Vec<u32>> = prompts.iter().map(|p| p.to_vec()).collect();
+        for t in 0..3u32 {
+            let next: Vec<[u32; 1]> = (0..3).map(|i| [40 + 3 * t + i]).collect();
+            let steps: Vec<PoolStep> = slots
+                .iter()
+                .zip(&next)
+                .map(|(&slot, ids)| PoolStep { slot, ids })
+                .collect();
+            let out = rows(&model.forward_pooled(&mut pool, &steps).unwrap());
+            for i in 0..3 {
+                let want = alone(&model, &history[i], &next[i]);
+                let d = max_diff(&out[i], &want);
+                assert!(
+                    d < 2e-3,
+                    "{dev:?}: decode {t} of sequence {i} differs by {d}"
+                );
+                history[i].push(next[i][0]);
+            }
+        }
+        // sequence 1 leaves; its slot takes a long prompt, which grows the pool
+        pool.release(slots[1]);
+        let slot = pool.acquire().unwrap();
+        let long: Vec<u32> = (0..300).map(|i| 1 + (i * 7) % 500).collect();
+        let steps = [
+            PoolStep { slot, ids: &long },
+            PoolStep {
+                slot: slots[0],
+                ids: &[77],
+            },
+        ];
+        let out = rows(&model.forward_pooled(&mut pool, &steps).unwrap());
+        assert!(pool.capacity() >= 300, "the pool grew");
+        let d = max_diff(&out[0], &alone(&model, &[], &long));
+        assert!(d < 2e-3, "{dev:?}: the long prompt differs by {d}");
+        let d = max_diff(&out[1], &alone(&model, &history[0], &[77]));
+        assert!(
+            d < 2e-3,
+            "{dev:?}: a sequence carried over the growth differs by {d}"
+        );
+        history[0].push(77);
+        let steps = [
+            PoolStep { slot, ids: &[5] },
+            PoolStep {
+                slot: slots[2],
+                ids: &[6],
+            },
+        ];
+        let out = rows(&model.forward_pooled(&mut pool, &steps).unwrap());
+        assert!(
+            max_diff(&out[0], &alone(&model, &long, &[5])) < 2e-3,
+            "{dev:?}"
+        );
+        assert!(
+            max_diff(&out[1], &alone(&model, &history[2], &[6])) < 2e-3,
+            "{dev:?}"
+        );
+
+        // bad input leaves every slot as it was
+        let before: Vec<usize> = (0..3).map(|s| pool.len(s)).collect();
+        let bad = [
+            PoolStep { slot, ids: &[3] },
+            PoolStep {
+                slot: slots[0],
+                ids: &[u32::MAX],
+            },
+        ];
+        let e = model
+            .forward_pooled(&mut pool, &bad)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("vocabulary"), "{e}");
+        let twice = [PoolStep { slot, ids: &[3] }, PoolStep { slot, ids: &[4] }];
+        assert!(model.forward_pooled(&mut pool, &twice).is_err());
+        pool.release(slots[2]);
+        let freed = [PoolStep {
+            slot: slots[2],
+            ids: &[3],
+        }];
+        assert!(model.forward_pooled(&mut pool, &freed).is_err());
+        assert!(model.forward_pooled(&mut pool, &[]).is_err());
+        assert_eq!(pool.len(slot), before[slot]);
+        assert_eq!(pool.len(slots[0]), before[slots[0]]);
     }
 }

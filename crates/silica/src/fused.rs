@@ -67,6 +67,91 @@ impl CustomOp for AttentionStep {
     }
 }
 
+/// One step of [`Tensor::cached_attention_batch`]: operands `[qkv, cos,
+/// sin, seqs]` (`seqs` U32 `[2 B]`, each sequence's first key row and key
+/// count, for the kernel), the shared cache updated in place; the caller
+/// checked them.
+pub(crate) struct BatchAttentionStep {
+    pub seqs: Vec<crate::CacheSeq>,
+    pub style: RopeStyle,
+    pub heads: usize,
+    pub scale: f32,
+    pub window: Option<usize>,
+    pub softcap: Option<f32>,
+}
+
+impl BatchAttentionStep {
+    fn opts(&self) -> crate::CachedAttentionOpts {
+        crate::CachedAttentionOpts {
+            scale: self.scale,
+            window: self.window,
+            softcap: self.softcap,
+        }
+    }
+
+    /// Each sequence as [`Tensor::cached_attention_with`] over its rows of
+    /// the cache, the outputs stacked.
+    fn composed(&self, inputs: &[&Tensor], cache: &mut Tensor) -> Result<Tensor> {
+        let (qkv, cos, sin) = (inputs[0], inputs[1], inputs[2]);
+        let mut outs = Vec::with_capacity(self.seqs.len());
+        let mut row = 0;
+        for s in &self.seqs {
+            let rope = (
+                &cos.narrow(0, row, s.len)?,
+                &sin.narrow(0, row, s.len)?,
+                self.style,
+            );
+            let q = qkv.narrow(0, row, s.len)?;
+            outs.push(q.cached_attention_composed_at(
+                cache,
+                s.base,
+                s.start,
+                rope,
+                self.heads,
+                self.opts(),
+            )?);
+            row += s.len;
+        }
+        let refs: Vec<&Tensor> = outs.iter().collect();
+        Tensor::cat(&refs, 0)
+    }
+}
+
+impl CustomOp for BatchAttentionStep {
+    fn name(&self) -> &'static str {
+        "cached_attention_batch"
+    }
+
+    fn output(&self, inputs: &[&Tensor], _: &[&Tensor]) -> Result<(Vec<usize>, DType)> {
+        let qkv = inputs[0];
+        Ok((
+            vec![qkv.shape()[0], self.heads, qkv.shape()[2]],
+            qkv.dtype(),
+        ))
+    }
+
+    fn cpu(&self, inputs: &[&Tensor], in_place: &mut [&mut Tensor]) -> Result<Tensor> {
+        self.composed(inputs, in_place[0])
+    }
+
+    fn gpu(&self, call: &mut GpuCall<'_>) -> Result<bool> {
+        crate::backend::gpu::custom::attention_step_batch(call, self)
+    }
+
+    fn compose(&self, inputs: &[&Tensor], in_place: &mut [&mut Tensor]) -> Result<Option<Tensor>> {
+        self.composed(inputs, in_place[0]).map(Some)
+    }
+
+    /// The output rounds as attention does, the cache rows as rope does.
+    fn tolerance(&self, dtype: DType, which: usize) -> Tolerance {
+        if which == 0 {
+            Tolerance::sums(dtype)
+        } else {
+            Tolerance::elementwise(dtype)
+        }
+    }
+}
+
 /// A quantized product with the norm before it and the SwiGLU and residual
 /// after it that `fusion` names: operands `[x, w]` as for
 /// [`crate::Op::QMatmul`], then the norm weight and the residual where

@@ -49,7 +49,8 @@ pub use error::{Error, Result};
 pub use layout::{Layout, broadcast_shapes};
 pub use memory::MemoryStats;
 pub use ops::{
-    AttentionOpts, BinaryOp, CachedAttentionOpts, CmpOp, Op, QFusion, ReduceOp, RopeStyle, UnaryOp,
+    AttentionOpts, BinaryOp, CacheSeq, CacheSeqs, CachedAttentionOpts, CmpOp, Op, QFusion,
+    ReduceOp, RopeStyle, UnaryOp,
 };
 pub use qtensor::{QFuse, QTensor};
 pub use quant::QuantFormat;

@@ -381,3 +381,46 @@ fn one_checked_step(
     assert_eq!(got.1[..start * row], want.1[..start * row]);
     assert_eq!(got.1[(start + 1) * row..], want.1[(start + 1) * row..]);
 }
+
+/// A batched decode step of three sequences in one pooled cache is one
+/// kernel on a GPU whose subgroups hold a 16-bit head of 64 (lavapipe's 8
+/// lanes do), not a kernel per sequence.
+#[test]
+fn batched_attention_step_is_one_kernel() {
+    let Some((_serial, dev, _g)) = locked_gpu() else {
+        return;
+    };
+    let (h, kvh, hd, slot) = (4, 2, 64, 16);
+    let starts = [0usize, 5, 11];
+    let qkv = Tensor::randn(&[3, h + 2 * kvh, hd], DType::F16, 53, &dev).unwrap();
+    let mut pool = Tensor::randn(&[3 * slot, 2 * kvh, hd], DType::F16, 54, &dev).unwrap();
+    let angles: Vec<f32> = (0..3 * hd / 2).map(|i| 0.1 + i as f32 * 0.01).collect();
+    let a = Tensor::from_vec(angles, &[3, hd / 2], &dev).unwrap();
+    let (cos, sin) = (a.cos().unwrap(), a.sin().unwrap());
+    let seqs: Vec<silica::CacheSeq> = starts
+        .iter()
+        .enumerate()
+        .map(|(i, &start)| silica::CacheSeq {
+            len: 1,
+            base: i * slot,
+            start,
+        })
+        .collect();
+    let table = silica::CacheSeqs::new(&seqs, None, &dev).unwrap();
+    let opts = silica::CachedAttentionOpts::scaled(0.125);
+    let tables = (&cos, &sin, silica::RopeStyle::Half);
+    let step = |pool: &mut Tensor| qkv.cached_attention_batch(pool, &table, tables, h, opts);
+    step(&mut pool).unwrap(); // kernels built outside the profile
+    dev.synchronize().unwrap();
+    dev.reset_profile();
+    assert!(dev.set_profiling(true), "{dev}: profiling did not start");
+    step(&mut pool).unwrap();
+    dev.synchronize().unwrap();
+    dev.set_profiling(false);
+    let report = dev.profile_report();
+    let kernels: Vec<(&str, u64)> = report
+        .iter()
+        .map(|k| (k.name.as_str(), k.dispatches))
+        .collect();
+    assert_eq!(kernels, [("attention_step_sg_batch", 1)], "{report:?}");
+}

@@ -660,6 +660,7 @@ fn all_cases() -> Vec<Case> {
     nn_cases(&mut cases);
     cached_attention_cases(&mut cases);
     windowed_attention_cases(&mut cases);
+    batched_attention_cases(&mut cases);
     head_norm_cases(&mut cases);
     cases
 }
@@ -1033,6 +1034,81 @@ fn windowed_attention_cases(cases: &mut Vec<Case>) {
                     &[
                         &out.reshape(&[t * h * hd])?,
                         &cache.reshape(&[cap * 2 * kvh * hd])?,
+                    ],
+                    0,
+                )
+            });
+        }
+    }
+}
+
+/// `cached_attention_batch`: sequences whose caches are runs of rows of
+/// one pooled tensor, each at its own position. One new position each is
+/// one kernel on a GPU where the subgroup step kernel runs (16-bit heads
+/// of 64 on lavapipe), with chunks of keys past 512; a step with a
+/// prompt's rows composes each sequence. The output and the whole pool are
+/// compared, so a sequence that wrote outside its rows would show.
+fn batched_attention_cases(cases: &mut Vec<Case>) {
+    use silica::RopeStyle::{Adjacent, Half};
+    // (sequences as (new rows, start), rows a slot, head size, style, window)
+    type Batch = (
+        &'static [(usize, usize)],
+        usize,
+        usize,
+        silica::RopeStyle,
+        Option<usize>,
+    );
+    let batches: [Batch; 5] = [
+        (&[(1, 0), (1, 5), (1, 17)], 32, 64, Half, None),
+        (
+            &[(1, 3), (1, 30), (1, 9), (1, 0)],
+            40,
+            32,
+            Adjacent,
+            Some(8),
+        ),
+        (&[(1, 600), (1, 20)], 700, 64, Half, None),
+        (&[(3, 4), (1, 7)], 16, 64, Half, None),
+        (&[(1, 12), (2, 10)], 16, 16, Adjacent, Some(4)),
+    ];
+    for dtype in DType::FLOATS {
+        for (seqs, slot, hd, style, window) in batches {
+            let name = format!(
+                "cached_attention_batch {dtype} {seqs:?} slots of {slot} d{hd} {style:?} window {window:?}"
+            );
+            case(cases, name, accumulating(dtype), move |d| {
+                let (h, kvh) = (4, 2);
+                let rows: usize = seqs.iter().map(|s| s.0).sum();
+                let qkv = Tensor::randn(&[rows, h + 2 * kvh, hd], dtype, 47, d)?;
+                let pool_rows = slot * seqs.len();
+                let mut pool = Tensor::randn(&[pool_rows, 2 * kvh, hd], dtype, 48, d)?;
+                let longest = seqs.iter().map(|s| s.0 + s.1).max().unwrap_or(1);
+                let (cos, sin) = rope_tables(longest, hd / 2, d)?;
+                // each row's angles: its sequence's positions
+                let mut positions = Vec::new();
+                let mut list = Vec::new();
+                for (i, &(len, start)) in seqs.iter().enumerate() {
+                    positions.extend((start..start + len).map(|p| p as u32));
+                    list.push(silica::CacheSeq {
+                        len,
+                        base: i * slot,
+                        start,
+                    });
+                }
+                let at = Tensor::from_vec(positions, &[rows], d)?;
+                let (cos, sin) = (cos.index_select(0, &at)?, sin.index_select(0, &at)?);
+                let table = silica::CacheSeqs::new(&list, window, d)?;
+                let opts = silica::CachedAttentionOpts {
+                    scale: 1.0 / (hd as f32).sqrt(),
+                    window,
+                    softcap: None,
+                };
+                let out =
+                    qkv.cached_attention_batch(&mut pool, &table, (&cos, &sin, style), h, opts)?;
+                Tensor::cat(
+                    &[
+                        &out.reshape(&[rows * h * hd])?,
+                        &pool.reshape(&[pool_rows * 2 * kvh * hd])?,
                     ],
                     0,
                 )

@@ -1,11 +1,14 @@
 //! The decode loop of `silica serve`: one thread owns the model and runs
-//! continuous batching. Each step is one [`Llama::forward_batch`] over
+//! continuous batching. Each step is one [`Llama::forward_pooled`] over
 //! every active sequence (a token each for those decoding, a chunk of the
 //! prompt for those starting), so that the weights are read once per step
-//! whatever the number of clients. Requests join between steps, up to
-//! `parallel` active sequences (the rest wait in arrival order); a request
-//! whose client has gone is dropped at the next step, its KV cache with it.
+//! whatever the number of clients, and the attention of a layer is one op
+//! for all of them: the sequences' KV caches are the slots of one pool.
+//! Requests join between steps, up to `parallel` active sequences (the
+//! rest wait in arrival order); a request whose client has gone is dropped
+//! at the next step, and its slot freed.
 
+use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -13,7 +16,7 @@ use std::sync::mpsc;
 use std::time::Instant;
 
 use silica::Tensor;
-use silica_models::llama::{KvCache, Llama, SeqStep};
+use silica_models::llama::{KvPool, Llama, PoolStep};
 use silica_models::sampling::{Sampler, SamplingParams};
 use silica_models::tokenizer::{TokenStream, Tokenizer};
 use tokio::sync::mpsc::UnboundedSender;
@@ -75,14 +78,16 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// Starts the decode thread for `model`.
+    /// Starts the decode thread for `model`, with a KV pool of `parallel`
+    /// slots.
     pub fn start(
         model: Llama,
         tokenizer: Arc<Tokenizer>,
         parallel: usize,
         context: usize,
         metrics: Arc<Metrics>,
-    ) -> Engine {
+    ) -> silica_models::Result<Engine> {
+        let pool = model.new_pool(parallel)?;
         let (tx, rx) = mpsc::channel();
         let queued = Arc::new(AtomicUsize::new(0));
         let active = Arc::new(AtomicUsize::new(0));
@@ -92,6 +97,7 @@ impl Engine {
             .spawn(move || {
                 Runner {
                     model: &model,
+                    pool: RefCell::new(pool),
                     tokenizer: &tokenizer,
                     parallel,
                     context,
@@ -102,7 +108,7 @@ impl Engine {
                 .run(rx)
             })
             .expect("the engine thread starts");
-        Engine { jobs: tx, queued }
+        Ok(Engine { jobs: tx, queued })
     }
 
     /// Queues a job; false when the engine has stopped.
@@ -119,7 +125,8 @@ impl Engine {
 /// A sequence being processed.
 struct Seq<'a> {
     job: Job,
-    cache: KvCache,
+    /// Its KV cache's slot in the pool.
+    slot: usize,
     sampler: Sampler,
     /// Prompt tokens already in the cache.
     fed: usize,
@@ -137,6 +144,7 @@ struct Seq<'a> {
 
 struct Runner<'a> {
     model: &'a Llama,
+    pool: RefCell<KvPool>,
     tokenizer: &'a Tokenizer,
     parallel: usize,
     context: usize,
@@ -160,9 +168,10 @@ impl<'a> Runner<'a> {
             while let Ok(job) = rx.try_recv() {
                 waiting.push_back(job);
             }
-            // clients that left free their slot (and cache) at once
+            // clients that left free their slot at once
             waiting.retain(|j| !j.events.is_closed());
             seqs.retain(|s| !s.job.events.is_closed());
+            self.free_slots(&seqs);
             while seqs.len() < self.parallel {
                 let Some(job) = waiting.pop_front() else {
                     break;
@@ -178,12 +187,29 @@ impl<'a> Runner<'a> {
         }
     }
 
+    /// Frees the slots of the sequences that are gone.
+    fn free_slots(&self, seqs: &[Seq<'a>]) {
+        let mut pool = self.pool.borrow_mut();
+        for slot in 0..pool.slots() {
+            if !seqs.iter().any(|s| s.slot == slot) {
+                pool.release(slot);
+            }
+        }
+    }
+
     fn admit(&self, job: Job) -> Seq<'a> {
         let sampler = Sampler::new(job.params.clone());
+        // invariant: at most `parallel` sequences, the pool's slot count,
+        // and the slots of those gone freed
+        let slot = self
+            .pool
+            .borrow_mut()
+            .acquire()
+            .expect("a free slot for each admitted sequence");
         Seq {
             history: job.prompt.clone(),
             job,
-            cache: self.model.new_cache(),
+            slot,
             sampler,
             fed: 0,
             next: None,
@@ -249,17 +275,16 @@ impl<'a> Runner<'a> {
         seqs: &mut [Seq<'a>],
         plan: &[(usize, Vec<u32>)],
     ) -> silica_models::Result<Logits> {
-        let mut caches: Vec<Option<&mut KvCache>> =
-            seqs.iter_mut().map(|s| Some(&mut s.cache)).collect();
-        let mut steps: Vec<SeqStep> = Vec::with_capacity(plan.len());
-        for (i, ids) in plan {
-            let cache = caches[*i]
-                .take()
-                .expect("a sequence appears once in a step");
-            steps.push(SeqStep { ids, cache });
-        }
-        let logits = self.model.forward_batch(&mut steps)?;
-        drop(steps);
+        let steps: Vec<PoolStep> = plan
+            .iter()
+            .map(|(i, ids)| PoolStep {
+                slot: seqs[*i].slot,
+                ids,
+            })
+            .collect();
+        let logits = self
+            .model
+            .forward_pooled(&mut self.pool.borrow_mut(), &steps)?;
         let greedy: Vec<bool> = plan
             .iter()
             .map(|(i, _)| seqs[*i].sampler.is_argmax())
@@ -295,7 +320,8 @@ impl<'a> Runner<'a> {
                 return;
             }
         }
-        if s.generated >= s.job.max_tokens || s.cache.len() + 1 >= self.context {
+        let cached = self.pool.borrow().len(s.slot);
+        if s.generated >= s.job.max_tokens || cached + 1 >= self.context {
             self.flush(s);
             self.done(s, Finish::Length);
             return;

@@ -277,7 +277,7 @@ fn load(
             Some((id, Mutex::new(enc)))
         }
     };
-    let engine = Engine::start(llama, tokenizer.clone(), parallel, context, metrics);
+    let engine = Engine::start(llama, tokenizer.clone(), parallel, context, metrics)?;
     Ok(Loaded {
         engine,
         tokenizer,

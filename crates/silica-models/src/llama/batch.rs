@@ -3,10 +3,15 @@
 //! feed-forward together (the weights are read once for all of them), and
 //! each sequence attends over its own KV cache. This is what lets a server
 //! decode many requests at the cost of little more than one.
+//!
+//! [`Llama::forward_pooled`] does the same for sequences whose caches are
+//! slots of one [`KvPool`]: a step's attention is then one op per layer for
+//! all of them (one kernel on a GPU when each has one new token), where
+//! separate caches need one for each.
 
-use silica::{DType, QFuse, Tensor};
+use silica::{CacheSeq, CacheSeqs, CachedAttentionOpts, DType, QFuse, Tensor};
 
-use super::{Embedding, KvCache, Llama};
+use super::{CACHE_START, Embedding, KvCache, Llama};
 use crate::capture::NoTaps;
 use crate::{Error, Result};
 
@@ -81,15 +86,7 @@ impl Llama {
             });
             ids.extend_from_slice(s.ids);
         }
-        let n = ids.len();
-        let ids_t = Tensor::from_vec(ids, &[n], &self.device)?;
-        let mut x = match &self.embed {
-            Embedding::Dense(t) => t.index_select(0, &ids_t)?,
-            Embedding::Quant(q) => q.embedding(&ids_t, self.dtype)?,
-        }; // [n, d]
-        if c.gemma.is_some() {
-            x = x.mul_scalar((c.d_model as f32).sqrt())?;
-        }
+        let mut x = self.embed_rows(ids)?;
         let (h, scale) = (c.n_heads, c.attention_scale);
         for li in 0..c.n_layers {
             x = self.block(li, x, &mut NoTaps, |qkv| {
@@ -119,7 +116,28 @@ impl Llama {
             s.cache.len = p.start + p.len;
         }
         let last: Vec<u32> = parts.iter().map(|p| (p.row + p.len - 1) as u32).collect();
-        let last = Tensor::from_vec(last, &[parts.len()], &self.device)?;
+        self.last_logits(&x, last)
+    }
+
+    /// The embeddings of `ids`, `[n, d]` (scaled by √d for Gemma).
+    fn embed_rows(&self, ids: Vec<u32>) -> Result<Tensor> {
+        let n = ids.len();
+        let ids_t = Tensor::from_vec(ids, &[n], &self.device)?;
+        let x = match &self.embed {
+            Embedding::Dense(t) => t.index_select(0, &ids_t)?,
+            Embedding::Quant(q) => q.embedding(&ids_t, self.dtype)?,
+        };
+        Ok(match self.config.gemma {
+            Some(_) => x.mul_scalar((self.config.d_model as f32).sqrt())?,
+            None => x,
+        })
+    }
+
+    /// The f32 logits of rows `last` of the residual stream `x`.
+    fn last_logits(&self, x: &Tensor, last: Vec<u32>) -> Result<Tensor> {
+        let c = &self.config;
+        let n = last.len();
+        let last = Tensor::from_vec(last, &[n], &self.device)?;
         let x = x.index_select(0, &last)?;
         let fuse = QFuse {
             rms_norm: Some((&self.out_norm, c.rms_eps as f32)),
@@ -130,5 +148,219 @@ impl Llama {
             Some(cap) => logits.div_scalar(cap)?.tanh()?.mul_scalar(cap)?,
             None => logits,
         })
+    }
+
+    /// A pool of `slots` KV caches (see [`KvPool`]), empty; its rows grow
+    /// with the longest sequence.
+    pub fn new_pool(&self, slots: usize) -> Result<KvPool> {
+        if slots == 0 {
+            return Err(Error::InvalidInput("a KV pool needs a slot".into()));
+        }
+        let mut pool = KvPool {
+            kv: Vec::new(),
+            tables: None,
+            capacity: 0,
+            lens: vec![0; slots],
+            used: vec![false; slots],
+        };
+        self.reserve_pool(&mut pool, CACHE_START.min(self.config.context_length))?;
+        Ok(pool)
+    }
+
+    /// Makes room for `total` positions in every slot of `pool`, keeping
+    /// what the slots hold.
+    fn reserve_pool(&self, pool: &mut KvPool, total: usize) -> Result<()> {
+        if total <= pool.capacity {
+            return Ok(());
+        }
+        let c = &self.config;
+        let capacity = total
+            .max(pool.capacity * 2)
+            .min(c.context_length)
+            .max(total);
+        let slots = pool.lens.len();
+        let shape = [slots * capacity, 2 * c.n_kv_heads, c.head_dim];
+        let mut kv = Vec::with_capacity(c.n_layers);
+        for li in 0..c.n_layers {
+            let mut t = Tensor::zeros(&shape, self.dtype, &self.device)?;
+            if let Some(old) = pool.kv.get(li) {
+                for (slot, &len) in pool.lens.iter().enumerate().filter(|(_, l)| **l > 0) {
+                    let rows = old.narrow(0, slot * pool.capacity, len)?;
+                    t.slice_assign(slot * capacity, &rows)?;
+                }
+            }
+            kv.push(t);
+        }
+        let (cos, sin) = self.rope_tables(capacity)?;
+        let local = match &c.gemma {
+            Some(g) if g.local_layers.contains(&true) => {
+                Some(self.local_rope_tables(capacity, g.rope_theta_local)?)
+            }
+            _ => None,
+        };
+        pool.kv = kv;
+        pool.tables = Some((cos, sin, local));
+        pool.capacity = capacity;
+        Ok(())
+    }
+
+    /// [`Llama::forward_batch`] for sequences that are slots of `pool`:
+    /// each step's tokens go after those its slot holds, and the f32
+    /// logits of each step's last new position come back, `[steps,
+    /// vocab]`. On error every slot holds the positions it held before.
+    pub fn forward_pooled(&self, pool: &mut KvPool, steps: &[PoolStep<'_>]) -> Result<Tensor> {
+        let c = &self.config;
+        if steps.is_empty() {
+            return Err(Error::InvalidInput(
+                "a batched step needs a sequence".into(),
+            ));
+        }
+        let mut ids: Vec<u32> = Vec::new();
+        let mut positions: Vec<u32> = Vec::new();
+        let mut last: Vec<u32> = Vec::with_capacity(steps.len());
+        let mut longest = 0;
+        for (i, s) in steps.iter().enumerate() {
+            if s.slot >= pool.lens.len() || !pool.used[s.slot] {
+                return Err(Error::InvalidInput(format!(
+                    "sequence {i} of the batch names slot {}, which is not in use",
+                    s.slot
+                )));
+            }
+            if steps[..i].iter().any(|o| o.slot == s.slot) {
+                return Err(Error::InvalidInput(format!(
+                    "slot {} appears twice in one step",
+                    s.slot
+                )));
+            }
+            let t = s.ids.len();
+            if t == 0 {
+                return Err(Error::InvalidInput(format!(
+                    "sequence {i} of the batch has no token"
+                )));
+            }
+            if let Some(&bad) = s.ids.iter().find(|&&id| id as usize >= c.vocab_size) {
+                return Err(Error::InvalidInput(format!(
+                    "token id {bad} is outside the vocabulary of {} tokens",
+                    c.vocab_size
+                )));
+            }
+            let start = pool.lens[s.slot];
+            if start + t > c.context_length {
+                return Err(Error::InvalidInput(format!(
+                    "{} positions exceed the model's context of {} tokens",
+                    start + t,
+                    c.context_length
+                )));
+            }
+            longest = longest.max(start + t);
+            positions.extend((start..start + t).map(|p| p as u32));
+            ids.extend_from_slice(s.ids);
+            last.push((ids.len() - 1) as u32);
+        }
+        self.reserve_pool(pool, longest)?;
+        let cap = pool.capacity;
+        let seqs: Vec<CacheSeq> = steps
+            .iter()
+            .map(|s| CacheSeq {
+                len: s.ids.len(),
+                base: s.slot * cap,
+                start: pool.lens[s.slot],
+            })
+            .collect();
+        let n = positions.len();
+        let at = Tensor::from_vec(positions, &[n], &self.device)?;
+        let Some((cos, sin, local)) = &pool.tables else {
+            unreachable!("a reserved pool has rope tables")
+        };
+        let (cos, sin) = (cos.index_select(0, &at)?, sin.index_select(0, &at)?);
+        let local = match local {
+            Some((lc, ls)) => Some((lc.index_select(0, &at)?, ls.index_select(0, &at)?)),
+            None => None,
+        };
+        let window = c.gemma.as_ref().and_then(|g| g.sliding_window);
+        let global = CacheSeqs::new(&seqs, None, &self.device)?;
+        let windowed = match window {
+            Some(w) => Some(CacheSeqs::new(&seqs, Some(w), &self.device)?),
+            None => None,
+        };
+        let mut x = self.embed_rows(ids)?;
+        let h = c.n_heads;
+        for li in 0..c.n_layers {
+            let cache = &mut pool.kv[li];
+            x = self.block(li, x, &mut NoTaps, |qkv| {
+                let gemma = c.gemma.as_ref();
+                let w = gemma.and_then(|g| g.window(li));
+                let (table, rope) = match (w, &windowed, &local) {
+                    (Some(_), Some(t), Some((lc, ls))) => (t, (lc, ls, c.rope_style)),
+                    (Some(_), Some(t), None) => (t, (&cos, &sin, c.rope_style)),
+                    _ => (&global, (&cos, &sin, c.rope_style)),
+                };
+                let opts = CachedAttentionOpts {
+                    scale: c.attention_scale,
+                    window: w,
+                    softcap: gemma.and_then(|g| g.attn_softcap),
+                };
+                Ok(qkv.cached_attention_batch(cache, table, rope, h, opts)?)
+            })?;
+        }
+        for s in steps {
+            pool.lens[s.slot] += s.ids.len();
+        }
+        self.last_logits(&x, last)
+    }
+}
+
+/// One sequence's part of a pooled step: the tokens after those its slot
+/// holds.
+pub struct PoolStep<'a> {
+    pub slot: usize,
+    pub ids: &'a [u32],
+}
+
+/// The KV caches of up to `slots` sequences as runs of rows of one tensor
+/// per layer, so that a batched step attends over all of them with one op
+/// (see [`Llama::forward_pooled`]). Every slot has room for the same
+/// number of positions, which doubles (up to the model's context) when a
+/// sequence needs more.
+pub struct KvPool {
+    /// Per layer, `[slots × capacity, 2 KVH, head_dim]`.
+    kv: Vec<Tensor>,
+    /// The rotation tables for `capacity` positions (and Gemma's local ones).
+    tables: Option<(Tensor, Tensor, Option<(Tensor, Tensor)>)>,
+    capacity: usize,
+    lens: Vec<usize>,
+    used: Vec<bool>,
+}
+
+impl KvPool {
+    /// A free slot, marked used and empty; `None` when every slot is used.
+    pub fn acquire(&mut self) -> Option<usize> {
+        let slot = self.used.iter().position(|u| !u)?;
+        self.used[slot] = true;
+        self.lens[slot] = 0;
+        Some(slot)
+    }
+
+    /// Frees `slot` (its positions are forgotten).
+    pub fn release(&mut self, slot: usize) {
+        if let Some(u) = self.used.get_mut(slot) {
+            *u = false;
+            self.lens[slot] = 0;
+        }
+    }
+
+    /// Positions `slot` holds.
+    pub fn len(&self, slot: usize) -> usize {
+        self.lens.get(slot).copied().unwrap_or(0)
+    }
+
+    /// The number of slots.
+    pub fn slots(&self) -> usize {
+        self.lens.len()
+    }
+
+    /// Positions each slot has room for before the pool grows.
+    pub fn capacity(&self) -> usize {
+        self.capacity
     }
 }

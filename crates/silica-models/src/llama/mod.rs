@@ -32,7 +32,7 @@ mod config;
 mod gemma;
 mod phi3;
 use crate::capture::{NoTaps, Site, Taps};
-pub use batch::SeqStep;
+pub use batch::{KvPool, PoolStep, SeqStep};
 use config::rope_angles;
 pub use config::{LlamaConfig, RopeScaling};
 pub use gemma::GemmaConfig;
@@ -356,7 +356,7 @@ impl KvCache {
 }
 
 /// Rows of the first cache allocation; the cache doubles from there.
-const CACHE_START: usize = 256;
+pub(super) const CACHE_START: usize = 256;
 
 impl Llama {
     /// Loads a GGUF decoder onto `device` with activations in `dtype`,

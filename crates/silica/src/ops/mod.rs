@@ -13,7 +13,7 @@ mod reduce;
 mod unary;
 
 pub use binary::{BinaryOp, CmpOp};
-pub use nn::{AttentionOpts, CachedAttentionOpts, RopeStyle};
+pub use nn::{AttentionOpts, CacheSeq, CacheSeqs, CachedAttentionOpts, RopeStyle};
 pub use reduce::ReduceOp;
 pub use unary::UnaryOp;
 

@@ -61,6 +61,68 @@ impl CachedAttentionOpts {
     }
 }
 
+/// One sequence of [`Tensor::cached_attention_batch`]: its `len` new
+/// positions (rows of the stacked projection, after those of the
+/// sequences before it), after the `start` it has cached in the rows of
+/// the shared cache from `base` on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CacheSeq {
+    pub len: usize,
+    pub base: usize,
+    pub start: usize,
+}
+
+/// The sequences of a batched attention step with the window they attend
+/// through, made once for the layers that share them (a step's table of
+/// where each sequence's keys start goes to the device once).
+#[derive(Clone, Debug)]
+pub struct CacheSeqs {
+    seqs: Vec<CacheSeq>,
+    window: Option<usize>,
+    /// U32 `[2 B]`: each sequence's first key row and key count, the
+    /// new position's included (for the batched kernel).
+    table: Tensor,
+}
+
+impl CacheSeqs {
+    /// `seqs` attending through `window` (`None`: every cached key), their
+    /// table on `device`.
+    pub fn new(seqs: &[CacheSeq], window: Option<usize>, device: &crate::Device) -> Result<Self> {
+        if seqs.is_empty() || seqs.iter().any(|s| s.len == 0) || window == Some(0) {
+            return Err(Error::InvalidArgument {
+                op: "cached_attention_batch",
+                msg: format!(
+                    "needs sequences of at least one new position and a positive window, \
+                     not {seqs:?} with window {window:?}"
+                ),
+            });
+        }
+        let mut words = Vec::with_capacity(2 * seqs.len());
+        for s in seqs {
+            let total = s.start + s.len;
+            let first = window.map_or(0, |w| (s.start + 1).saturating_sub(w));
+            let fits = |v: usize| u32::try_from(v).ok();
+            let (Some(row), Some(keys)) = (fits(s.base + first), fits(total - first)) else {
+                return Err(Error::InvalidArgument {
+                    op: "cached_attention_batch",
+                    msg: format!("cache rows past u32 in {s:?}"),
+                });
+            };
+            words.extend([row, keys]);
+        }
+        let table = Tensor::from_vec(words, &[2 * seqs.len()], device)?;
+        Ok(Self {
+            seqs: seqs.to_vec(),
+            window,
+            table,
+        })
+    }
+
+    pub fn seqs(&self) -> &[CacheSeq] {
+        &self.seqs
+    }
+}
+
 /// A norm's weight or bias as the kernels read it: contiguous from the
 /// start of its storage (the GPU kernels take no offset for these, so a
 /// narrowed view, such as one row of a stacked parameter, is copied).
@@ -350,6 +412,37 @@ impl Tensor {
         heads: usize,
         opts: CachedAttentionOpts,
     ) -> Result<Tensor> {
+        self.check_step(cache, start, heads, opts)?;
+        let d = self.shape()[2];
+        let t = self.shape()[0];
+        let (cos, sin, style) = rope;
+        // the fused kernel checks nothing of the tables: rope_heads' checks
+        // below run for any other table
+        let tables_fit = [cos, sin]
+            .iter()
+            .all(|x| x.shape() == [1, d / 2] && x.dtype() == DType::F32);
+        if self.device().is_gpu() && t == 1 && tables_fit {
+            let step = crate::fused::AttentionStep {
+                start,
+                style,
+                heads,
+                scale: opts.scale,
+                window: opts.window,
+                softcap: opts.softcap,
+            };
+            return crate::custom::apply_in_place(&step, &[self, cos, sin], &mut [cache]);
+        }
+        self.cached_attention_composed(cache, start, rope, heads, opts)
+    }
+
+    /// The checks of [`Tensor::cached_attention_with`] but the tables'.
+    fn check_step(
+        &self,
+        cache: &Tensor,
+        start: usize,
+        heads: usize,
+        opts: CachedAttentionOpts,
+    ) -> Result<()> {
         let name = "cached_attention";
         let bad = |msg: String| Error::InvalidArgument { op: name, msg };
         self.same_device(cache, name)?;
@@ -391,24 +484,82 @@ impl Tensor {
                 opts.window, opts.softcap
             )));
         }
+        Ok(())
+    }
+
+    /// [`Tensor::cached_attention_with`] for several sequences at once,
+    /// whose caches are runs of rows of one `cache` (a server's pool):
+    /// `self` stacks the sequences' new rows in the order of `seqs`, and
+    /// `cos` and `sin` their angles row for row. Each sequence writes its
+    /// rows at `base + start ..` and attends over its own keys only. On a
+    /// GPU, a step where every sequence has one new position runs as one
+    /// kernel for all of them, instead of one for each; otherwise each
+    /// sequence goes as [`Tensor::cached_attention_with`] would. The
+    /// caller keeps the sequences' runs of rows apart.
+    pub fn cached_attention_batch(
+        &self,
+        cache: &mut Tensor,
+        seqs: &CacheSeqs,
+        rope: (&Tensor, &Tensor, RopeStyle),
+        heads: usize,
+        opts: CachedAttentionOpts,
+    ) -> Result<Tensor> {
+        let name = "cached_attention_batch";
+        let bad = |msg: String| Error::InvalidArgument { op: name, msg };
+        self.same_device(cache, name)?;
+        self.same_device(&seqs.table, name)?;
+        if cache.dtype() != self.dtype() {
+            return Err(Error::DTypeMismatch {
+                op: name,
+                lhs: self.dtype(),
+                rhs: cache.dtype(),
+            });
+        }
+        let rows: usize = seqs.seqs.iter().map(|s| s.len).sum();
+        let cache_rows = if cache.rank() == 3 {
+            cache.shape()[0]
+        } else {
+            0
+        };
+        let in_cache = seqs
+            .seqs
+            .iter()
+            .all(|s| s.base + s.start + s.len <= cache_rows);
+        if self.rank() != 3 || self.shape()[0] != rows || !in_cache || seqs.window != opts.window {
+            return Err(bad(format!(
+                "qkv {:?} must hold the {rows} new rows of {:?}, each inside the cache {:?}, \
+                 with the sequences' window {:?} in the options",
+                self.shape(),
+                seqs.seqs,
+                cache.shape(),
+                seqs.window
+            )));
+        }
         let (cos, sin, style) = rope;
-        // the fused kernel checks nothing of the tables: rope_heads' checks
-        // below run for any other table
         let tables_fit = [cos, sin]
             .iter()
-            .all(|x| x.shape() == [1, d / 2] && x.dtype() == DType::F32);
-        if self.device().is_gpu() && t == 1 && tables_fit {
-            let step = crate::fused::AttentionStep {
-                start,
-                style,
-                heads,
-                scale: opts.scale,
-                window: opts.window,
-                softcap: opts.softcap,
-            };
-            return crate::custom::apply_in_place(&step, &[self, cos, sin], &mut [cache]);
+            .all(|x| x.rank() == 2 && x.shape()[0] == rows && x.dtype() == DType::F32);
+        if !tables_fit {
+            return Err(bad(format!(
+                "the angle tables {:?} and {:?} must be F32 with a row for each of the {rows} new rows",
+                cos.shape(),
+                sin.shape()
+            )));
         }
-        self.cached_attention_composed(cache, start, rope, heads, opts)
+        let op = crate::fused::BatchAttentionStep {
+            seqs: seqs.seqs.clone(),
+            style,
+            heads,
+            scale: opts.scale,
+            window: opts.window,
+            softcap: opts.softcap,
+        };
+        // the single step's checks (heads, sizes) on the first sequence's rows
+        let first = seqs.seqs[0];
+        let probe = self.narrow(0, 0, first.len)?;
+        probe.check_step(cache, first.base + first.start, heads, opts)?;
+        let (cos, sin) = (cos.contiguous()?, sin.contiguous()?);
+        crate::custom::apply_in_place(&op, &[self, &cos, &sin, &seqs.table], &mut [cache])
     }
 
     /// RMSNorm of each query head and each key head of a packed QKV tensor,
@@ -476,6 +627,20 @@ impl Tensor {
         &self,
         cache: &mut Tensor,
         start: usize,
+        rope: (&Tensor, &Tensor, RopeStyle),
+        heads: usize,
+        opts: CachedAttentionOpts,
+    ) -> Result<Tensor> {
+        self.cached_attention_composed_at(cache, 0, start, rope, heads, opts)
+    }
+
+    /// [`Tensor::cached_attention_composed`] of a sequence whose position
+    /// 0 is the cache's row `base`.
+    pub(crate) fn cached_attention_composed_at(
+        &self,
+        cache: &mut Tensor,
+        base: usize,
+        start: usize,
         (cos, sin, style): (&Tensor, &Tensor, RopeStyle),
         heads: usize,
         opts: CachedAttentionOpts,
@@ -485,10 +650,10 @@ impl Tensor {
         let kv2 = cache.shape()[1];
         let kvh = kv2 / 2;
         let rotated = self.rope_heads(cos, sin, style, heads + kvh)?;
-        cache.slice_assign(start, &rotated.narrow(1, heads, kv2)?)?;
+        cache.slice_assign(base + start, &rotated.narrow(1, heads, kv2)?)?;
         // the first key the first query sees
         let lo = opts.window.map_or(0, |w| (start + 1).saturating_sub(w));
-        let keys = cache.narrow(0, lo, total - lo)?;
+        let keys = cache.narrow(0, base + lo, total - lo)?;
         let (k, v) = (keys.narrow(1, 0, kvh)?, keys.narrow(1, kvh, kvh)?);
         let q = rotated.narrow(1, 0, heads)?;
         // a later query loses keys the first one sees

@@ -235,6 +235,40 @@ pub(crate) fn attention_step(
     Ok(true)
 }
 
+/// A batched decode step of `Tensor::cached_attention_batch` as one kernel
+/// (operands `[qkv, cos, sin, seqs]`, the shared cache in place) where
+/// every sequence has one new position and the subgroup step kernel
+/// serves the operands; `false` otherwise, with nothing recorded.
+pub(crate) fn attention_step_batch(
+    call: &mut GpuCall<'_>,
+    step: &crate::fused::BatchAttentionStep,
+) -> Result<bool> {
+    let (qkv, cos, sin, seqs) = (
+        call.inputs[0],
+        call.inputs[1],
+        call.inputs[2],
+        call.inputs[3],
+    );
+    let cache = call.in_place[0];
+    let ones = step.seqs.iter().all(|s| s.len == 1);
+    let tables = (cos, sin);
+    if !ones || !super::nn::fuses_batch_step(call.ctx(), qkv, cache, tables, step.style) {
+        return Ok(false);
+    }
+    let max_keys = step
+        .seqs
+        .iter()
+        .map(|s| s.start + 1 - step.window.map_or(0, |w| (s.start + 1).saturating_sub(w)))
+        .max()
+        .unwrap_or(1);
+    call.output()?;
+    // invariant: allocated just above
+    let out = call.out.as_ref().expect("the output buffer");
+    let c = &call.device.ctx;
+    super::nn::attention_step_batch(c, qkv, cache, tables, seqs, max_keys, step, out)?;
+    Ok(true)
+}
+
 /// `rms_norm(x, weight) + residual` (operands in that order) as one row
 /// kernel where it reads them as whole words; `false` otherwise, with
 /// nothing recorded.

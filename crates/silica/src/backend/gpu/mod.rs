@@ -43,6 +43,7 @@ fn every_kernel() -> Vec<&'static Kernel> {
         &qmatmul::QGEMV_I8,
         &nn::ATTENTION_STEP,
         &nn::ATTENTION_STEP_SG,
+        &nn::ATTENTION_STEP_SG_BATCH,
         &reduce::NORM_VEC,
         &nn::ROPE,
         &elementwise::BINARY,

@@ -33,14 +33,12 @@
 // The launcher (nn.rs `step_sg_lanes`) checks: a head size whose 16-byte
 // chunks number LK, a power of two no wider than a subgroup, each half of
 // a head whole chunks, and every offset a multiple of 16 bytes. A step has
-// one query row of batch 1. Subgroups are taken to be runs of consecutive
-// local indices, as rows_sg.wgsl takes them.
+// one query row per sequence. Subgroups are taken to be runs of
+// consecutive local indices, as rows_sg.wgsl takes them.
 
-@group(0) @binding(1) var<storage, read> src_q: array<vec4<u32>>;
-@group(0) @binding(2) var<storage, read> cos_t: array<f32>;
-@group(0) @binding(3) var<storage, read> sin_t: array<f32>;
-@group(0) @binding(4) var<storage, read_write> cache: array<vec4<u32>>;
-@group(0) @binding(5) var<storage, read_write> dst: array<vec4<u32>>;
+// The bindings come from attention_step_sg_io.wgsl (one sequence) or
+// attention_step_sg_batch_io.wgsl (p.batch sequences, one new position
+// each, each with its own run of cache rows and key count).
 
 // pairs (2i, 2i + 1) when set, (i, i + D / 2) otherwise
 override ADJACENT: bool = false;
@@ -99,7 +97,7 @@ fn dot16(a: array<vec4<f32>, 2>, b: array<vec4<f32>, 2>) -> f32 {
 // Chunk j of the head that starts at element `head` of src_q, rotated by
 // the new position's angles and rounded to DT, as the separate rope
 // kernel's output would hold it.
-fn rotated(head: u32, j: u32) -> array<vec4<f32>, 2> {
+fn rotated(head: u32, j: u32, ang: u32) -> array<vec4<f32>, 2> {
     let n = chunk_elems();
     let e0 = n * j;
     let x = unpack16(src_q[(head + e0) / n]);
@@ -107,8 +105,8 @@ fn rotated(head: u32, j: u32) -> array<vec4<f32>, 2> {
     if ADJACENT {
         let i0 = e0 / 2u;
         for (var k = 0u; k < n / 2u; k++) {
-            let c = cos_t[p.sm.y + i0 + k];
-            let s = sin_t[p.sm.z + i0 + k];
+            let c = cos_t[p.sm.y + ang + i0 + k];
+            let s = sin_t[p.sm.z + ang + i0 + k];
             let a = x[k / 2u][2u * (k % 2u)];
             let b = x[k / 2u][2u * (k % 2u) + 1u];
             r[k / 2u][2u * (k % 2u)] = a * c - b * s;
@@ -121,8 +119,8 @@ fn rotated(head: u32, j: u32) -> array<vec4<f32>, 2> {
         let i0 = select(e0 - half, e0, first);
         let y = unpack16(src_q[(head + select(e0 - half, e0 + half, first)) / n]);
         for (var k = 0u; k < n; k++) {
-            let c = cos_t[p.sm.y + i0 + k];
-            let s = sin_t[p.sm.z + i0 + k];
+            let c = cos_t[p.sm.y + ang + i0 + k];
+            let s = sin_t[p.sm.z + ang + i0 + k];
             let a = x[k / 4u][k % 4u];
             let b = y[k / 4u][k % 4u];
             r[k / 4u][k % 4u] = select(a * c + b * s, a * c - b * s, first);
@@ -190,32 +188,43 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let g = group_index(wid, nwg);
     // a whole workgroup leaves together, so the barrier stays in uniform
     // control flow
-    if g >= p.heads * p.chunks {
+    if g >= p.batch * p.heads * p.chunks {
         return;
     }
-    let h = g / p.chunks;
+    // sequence b, head h, chunk of keys
+    let row = g / p.chunks;
+    let b = row / p.heads;
+    let h = row % p.heads;
     let chunk = g % p.chunks;
+    let tk = seq_keys(b);
     let begin = chunk * p.chunk;
-    let end = min(begin + p.chunk, p.tk);
+    // a chunk past this sequence's keys (a longer one set the count) has
+    // none, and its record weighs nothing in the merge
+    let end = min(begin + p.chunk, tk);
     let n = chunk_elems();
     let kvh = h / (p.heads / p.kv_heads);
     let j = lid % LK;
     let slot = lid / LK;
     let slots = THREADS / LK;
     let e0 = n * j;
-    let last = p.tk - 1u;
-    // cache rows 0..last - 1 hold the earlier positions; the new one comes
-    // from src_q (clamped loads of a first step read row 0, and drop it)
+    let last = tk - 1u;
+    // cache rows 0..last - 1 (from the sequence's first row) hold the
+    // earlier positions; the new one comes from src_q (clamped loads of a
+    // first step read row 0, and drop it)
     let cached_last = max(last, 1u) - 1u;
-    let k0 = p.off_k + kvh * p.sk.z + e0;
-    let v0 = p.off_v + kvh * p.sv.z + e0;
+    let first = seq_first(b);
+    let k0 = p.off_k + first * p.sk.y + kvh * p.sk.z + e0;
+    let v0 = p.off_v + first * p.sv.y + kvh * p.sv.z + e0;
+    // the sequence's row of src_q and of the angle tables
+    let qr = b * p.sq.y;
+    let ang = b * (p.d / 2u);
 
     // the first round of keys and values is in flight before the query
     // is loaded, the next one before this one's scores are computed
     var next = batch_words(begin, slot, slots, k0, v0, cached_last);
-    let q = rotated(p.off_q + h * p.sq.z, j);
-    let kf = rotated(p.off_m + kvh * p.sq.z, j);
-    let vf = unpack16(src_q[(p.sm.x + kvh * p.sq.z + e0) / n]);
+    let q = rotated(p.off_q + qr + h * p.sq.z, j, ang);
+    let kf = rotated(p.off_m + qr + kvh * p.sq.z, j, ang);
+    let vf = unpack16(src_q[(p.sm.x + qr + kvh * p.sq.z + e0) / n]);
     if h % (p.heads / p.kv_heads) == 0u && slot == 0u && chunk == 0u {
         cache[(k0 + last * p.sk.y) / n] = pack16(kf);
         cache[(v0 + last * p.sv.y) / n] = pack16(vf);
@@ -301,5 +310,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     var out: array<vec4<f32>, 2>;
     out[0] = all.y[0] / all.l;
     out[1] = all.y[1] / all.l;
-    dst[(h * p.d + e0) / n] = pack16(out);
+    dst[(row * p.d + e0) / n] = pack16(out);
 }

@@ -150,9 +150,26 @@ pub(crate) static ATTENTION_STEP_SG: Kernel = Kernel {
     source: concat!(
         include_str!("shared/common.wgsl"),
         include_str!("shared/attention_params.wgsl"),
+        include_str!("shared/attention_step_sg_io.wgsl"),
         include_str!("attention_step_sg.wgsl")
     ),
     inputs: 3,
+    outputs: 2,
+    immediates: true,
+    needs: KernelNeeds::SUBGROUPS,
+    trusted: true,
+};
+/// [`ATTENTION_STEP_SG`] for one new position of each of several
+/// sequences whose caches share one tensor (a server's pooled cache).
+pub(crate) static ATTENTION_STEP_SG_BATCH: Kernel = Kernel {
+    name: "attention_step_sg_batch",
+    source: concat!(
+        include_str!("shared/common.wgsl"),
+        include_str!("shared/attention_params.wgsl"),
+        include_str!("shared/attention_step_sg_batch_io.wgsl"),
+        include_str!("attention_step_sg.wgsl")
+    ),
+    inputs: 4,
     outputs: 2,
     immediates: true,
     needs: KernelNeeds::SUBGROUPS,
@@ -602,7 +619,6 @@ pub(crate) fn attention_step(
 ) -> Result<()> {
     let (start, style, heads, scale) = (step.start, step.style, step.heads, step.scale);
     let d = qkv.shape()[2];
-    let kvh = cache.shape()[1] / 2;
     // a window starts the keys further in: the kernel sees the cache from
     // row `first` on, and writes the new position at its last row
     let first = step.first_key();
@@ -614,43 +630,14 @@ pub(crate) fn attention_step(
         None => decode_split(tk, heads),
     };
     let u = |v: usize, what: &str| to_u32(v, what);
-    let oq = qkv.layout().offset();
-    let oc = cache.layout().offset() + first * 2 * kvh * d;
-    let (row_q, row_c) = (
-        u(qkv.shape()[1] * d, "row size")?,
-        u(2 * kvh * d, "row size")?,
-    );
-    let mut words = vec![
-        1,
-        1,
-        u(tk, "key count")?,
-        u(heads, "head count")?,
-        u(kvh, "KV head count")?,
-        u(d, "head size")?,
-        scale.to_bits(),
-        1,
-        u(oq, "offset")?,
-        u(oc, "offset")?,
-        u(oc + kvh * d, "offset")?,
-        // the new keys and values in qkv, the angles (attention_step_io.wgsl)
-        u(oq + heads * d, "offset")?,
-    ];
-    let d32 = d as u32;
-    words.extend_from_slice(&[0, row_q, d32, 1]);
-    words.extend_from_slice(&[0, row_c, d32, 1]);
-    words.extend_from_slice(&[0, row_c, d32, 1]);
-    words.extend_from_slice(&[
-        u(oq + (heads + kvh) * d, "offset")?,
-        u(cos.layout().offset(), "offset")?,
-        u(sin.layout().offset(), "offset")?,
-        0,
-    ]);
-    words.extend_from_slice(&[
-        step.softcap.unwrap_or(0.0).to_bits(),
-        u(chunk, "chunk size")?,
-        u(chunks, "chunk count")?,
-        decode_record(d) as u32,
-    ]);
+    let words = step_words(
+        qkv,
+        cache,
+        (cos, sin),
+        [1, tk, first, heads, chunk, chunks],
+        scale,
+        step.softcap,
+    )?;
     let adjacent = if style == RopeStyle::Adjacent {
         1.0
     } else {
@@ -691,6 +678,133 @@ pub(crate) fn attention_step(
         d,
     }
     .run(ctx, out, dt)
+}
+
+/// The parameters (attention_params.wgsl) of a decode step over a cache
+/// for the step kernels: `[batch, key count, first cache row, query
+/// heads, chunk, chunks]` in `sizes`; attention_step_io.wgsl says where
+/// the new position's parts sit.
+fn step_words(
+    qkv: &Tensor,
+    cache: &Tensor,
+    (cos, sin): (&Tensor, &Tensor),
+    sizes: [usize; 6],
+    scale: f32,
+    softcap: Option<f32>,
+) -> Result<Vec<u32>> {
+    let [batch, tk, first, heads, chunk, chunks] = sizes;
+    let u = |v: usize, what: &str| to_u32(v, what);
+    let d = qkv.shape()[2];
+    let kvh = cache.shape()[1] / 2;
+    let oq = qkv.layout().offset();
+    let oc = cache.layout().offset() + first * 2 * kvh * d;
+    let (row_q, row_c) = (
+        u(qkv.shape()[1] * d, "row size")?,
+        u(2 * kvh * d, "row size")?,
+    );
+    let mut words = vec![
+        u(batch, "batch")?,
+        1,
+        u(tk, "key count")?,
+        u(heads, "head count")?,
+        u(kvh, "KV head count")?,
+        u(d, "head size")?,
+        scale.to_bits(),
+        1,
+        u(oq, "offset")?,
+        u(oc, "offset")?,
+        u(oc + kvh * d, "offset")?,
+        // the new keys and values in qkv, the angles (attention_step_io.wgsl)
+        u(oq + heads * d, "offset")?,
+    ];
+    let d32 = d as u32;
+    words.extend_from_slice(&[0, row_q, d32, 1]);
+    words.extend_from_slice(&[0, row_c, d32, 1]);
+    words.extend_from_slice(&[0, row_c, d32, 1]);
+    words.extend_from_slice(&[
+        u(oq + (heads + kvh) * d, "offset")?,
+        u(cos.layout().offset(), "offset")?,
+        u(sin.layout().offset(), "offset")?,
+        0,
+    ]);
+    words.extend_from_slice(&[
+        softcap.unwrap_or(0.0).to_bits(),
+        u(chunk, "chunk size")?,
+        u(chunks, "chunk count")?,
+        decode_record(d) as u32,
+    ]);
+    Ok(words)
+}
+
+/// Whether [`attention_step_batch`] runs a batched step with these
+/// operands: those of [`fuses_step`] with the subgroup kernel's lanes.
+pub(crate) fn fuses_batch_step(
+    ctx: &Context,
+    qkv: &Tensor,
+    cache: &Tensor,
+    (cos, sin): (&Tensor, &Tensor),
+    style: RopeStyle,
+) -> bool {
+    fuses_step(ctx, qkv, cache, cos, sin) && step_sg_lanes(ctx, qkv, cache, style).is_some()
+}
+
+/// One decode step of several sequences whose caches are runs of rows of
+/// one `cache` ([`ATTENTION_STEP_SG_BATCH`]): row b of `qkv` `[B, heads +
+/// 2 KVH, D]`, `cos` and `sin` `[B, D / 2]` is sequence b's new position;
+/// `seqs` (U32 `[2 B]`) holds each one's first key row in the cache and
+/// its key count (the new position's included, written at its last
+/// row). `out` gets `[B, heads, D]`. The caller checked
+/// [`fuses_batch_step`].
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attention_step_batch(
+    ctx: &Context,
+    qkv: &Tensor,
+    cache: &Tensor,
+    (cos, sin): (&Tensor, &Tensor),
+    seqs: &Tensor,
+    max_keys: usize,
+    step: &crate::fused::BatchAttentionStep,
+    out: &GpuBuffer,
+) -> Result<()> {
+    let (batch, d) = (qkv.shape()[0], qkv.shape()[2]);
+    let heads = step.heads;
+    let Some(lanes) = step_sg_lanes(ctx, qkv, cache, step.style) else {
+        return Err(crate::Error::NotSupported {
+            op: "cached_attention_batch",
+            reason: "the batched step kernel needs the subgroup step kernel's lanes".into(),
+        });
+    };
+    let (chunk, chunks) = sg_chunks(max_keys);
+    let sizes = [batch, max_keys, 0, heads, chunk, chunks];
+    let words = step_words(qkv, cache, (cos, sin), sizes, step.scale, step.softcap)?;
+    let rows = batch * heads;
+    let scratch = if chunks > 1 {
+        Some(chunk_records(ctx, rows, chunks, d)?)
+    } else {
+        None
+    };
+    let adjacent = if step.style == RopeStyle::Adjacent {
+        1.0
+    } else {
+        0.0
+    };
+    let dt = qkv.dtype();
+    ctx.dispatch_outputs(
+        &ATTENTION_STEP_SG_BATCH,
+        &[
+            ("DT", code(dt)),
+            ("ADJACENT", adjacent),
+            ("LK", lanes as f64),
+        ],
+        bytemuck::cast_slice(&words),
+        &[buffer(qkv), buffer(cos), buffer(sin), buffer(seqs)],
+        &[buffer(cache), scratch.as_ref().unwrap_or(out)],
+        ctx.grid(to_u32(rows * chunks, "workgroup count")?),
+    )?;
+    match &scratch {
+        Some(s) => combine(ctx, s, rows, chunks, d, out, dt),
+        None => Ok(()),
+    }
 }
 
 /// Keys of one workgroup of [`ATTENTION_STEP_SG`] and their number a head
@@ -798,10 +912,12 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
             out.push((&ATTENTION_STEP, c));
         }
         for (adjacent, lanes) in [(0.0, 8.0), (1.0, 16.0)] {
-            out.push((
-                &ATTENTION_STEP_SG,
-                vec![("DT", dt), ("ADJACENT", adjacent), ("LK", lanes)],
-            ));
+            for kernel in [&ATTENTION_STEP_SG, &ATTENTION_STEP_SG_BATCH] {
+                out.push((
+                    kernel,
+                    vec![("DT", dt), ("ADJACENT", adjacent), ("LK", lanes)],
+                ));
+            }
         }
         out.push((&ATTENTION_COMBINE, vec![("OUT_DT", dt)]));
         for (mask, df) in [(0.0, 8.0), (1.0, 4.0), (0.0, 1.0)] {
