@@ -317,6 +317,9 @@ pub struct PoolStep<'a> {
     pub ids: &'a [u32],
 }
 
+/// cos and sin of every position a slot holds, and Gemma's local pair.
+type PoolTables = (Tensor, Tensor, Option<(Tensor, Tensor)>);
+
 /// The KV caches of up to `slots` sequences as runs of rows of one tensor
 /// per layer, so that a batched step attends over all of them with one op
 /// (see [`Llama::forward_pooled`]). Every slot has room for the same
@@ -326,7 +329,7 @@ pub struct KvPool {
     /// Per layer, `[slots × capacity, 2 KVH, head_dim]`.
     kv: Vec<Tensor>,
     /// The rotation tables for `capacity` positions (and Gemma's local ones).
-    tables: Option<(Tensor, Tensor, Option<(Tensor, Tensor)>)>,
+    tables: Option<PoolTables>,
     capacity: usize,
     lens: Vec<usize>,
     used: Vec<bool>,
