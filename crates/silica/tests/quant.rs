@@ -37,18 +37,22 @@ fn rel_err(a: &[f32], b: &[f32]) -> f64 {
 /// Formats whose GPU decode product quantizes x to 8 bits with 8-bit
 /// activations on (`GpuDevice::int8_activations`).
 fn gpu_int8_activations(format: QuantFormat) -> bool {
-    int8_activations(format)
-        || matches!(
-            format,
-            QuantFormat::Q4_K | QuantFormat::Q5_K | QuantFormat::Q6_K
-        )
+    matches!(
+        format,
+        QuantFormat::Q4_0
+            | QuantFormat::Q4_1
+            | QuantFormat::Q8_0
+            | QuantFormat::Q4_K
+            | QuantFormat::Q5_K
+            | QuantFormat::Q6_K
+    )
 }
 
 /// Formats whose CPU product quantizes x to 8 bits (as llama.cpp does).
 fn int8_activations(format: QuantFormat) -> bool {
     matches!(
         format,
-        QuantFormat::Q4_0 | QuantFormat::Q4_1 | QuantFormat::Q8_0
+        QuantFormat::Q4_0 | QuantFormat::Q4_1 | QuantFormat::Q5_0 | QuantFormat::Q8_0
     )
 }
 

@@ -1,11 +1,12 @@
-//! Integer dot products of Q4_0 / Q4_1 / Q8_0 weight rows with activations
-//! quantized to 8 bits, as llama.cpp computes them.
+//! Integer dot products of Q4_0 / Q4_1 / Q5_0 / Q8_0 weight rows with
+//! activations quantized to 8 bits, as llama.cpp computes them.
 //!
 //! The activations are quantized once per product ([`QuantizedRows`]):
 //! blocks of 32 values with an f32 scale `dx` and `sx = dx * Σq`. Every
 //! weight block is read as unsigned 8-bit quants `u` with an affine map
-//! `w = dw * u + mw` (Q4_0: `mw = -8 dw`; Q4_1: its minimum; Q8_0: `u = q +
-//! 128`, `mw = -128 dw`), so that one block contributes
+//! `w = dw * u + mw` (Q4_0: `mw = -8 dw`; Q4_1: its minimum; Q5_0: the
+//! nibble with its fifth bit from the block's `qh`, `mw = -16 dw`; Q8_0:
+//! `u = q + 128`, `mw = -128 dw`), so that one block contributes
 //! `dw * dx * Σ u·q + mw * sx`: the inner sum is an unsigned × signed byte
 //! product, which x86 computes 64 pairs per instruction (AVX-512 VNNI
 //! `vpdpbusd`) or 32 per two instructions (AVX2 `vpmaddubsw`).
@@ -78,7 +79,7 @@ impl Path {
 pub(crate) fn supports(format: QuantFormat) -> bool {
     matches!(
         format,
-        QuantFormat::Q4_0 | QuantFormat::Q4_1 | QuantFormat::Q8_0
+        QuantFormat::Q4_0 | QuantFormat::Q4_1 | QuantFormat::Q5_0 | QuantFormat::Q8_0
     )
 }
 
@@ -193,18 +194,25 @@ pub(super) const fn layout_of(f: u8) -> (usize, usize, f32) {
     match f {
         0 => (34, 2, 128.0),
         1 => (18, 2, 8.0),
+        3 => (22, 6, 16.0),
         _ => (20, 4, 0.0),
     }
 }
 
-/// `F` of the kernels: 0 = Q8_0, 1 = Q4_0, 2 = Q4_1 (the order of
-/// `QuantFormat::ALL`).
+/// `F` of the kernels: 0 = Q8_0, 1 = Q4_0, 2 = Q4_1, 3 = Q5_0.
 pub(super) fn code(format: QuantFormat) -> u8 {
     match format {
         QuantFormat::Q8_0 => 0,
         QuantFormat::Q4_0 => 1,
+        QuantFormat::Q5_0 => 3,
         _ => 2,
     }
+}
+
+/// The fifth bits of a Q5_0 block (`blk` from its start).
+#[inline(always)]
+fn q5_high(blk: &[u8]) -> u32 {
+    u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]])
 }
 
 /// The unsigned quants and the affine map `(dw, mw)` of block `blk`
@@ -227,6 +235,12 @@ pub(super) fn block_u8<const F: u8>(blk: &[u8]) -> ([u8; QB], f32, f32) {
         for j in 0..16 {
             u[j] = blk[at + j] & 15;
             u[j + 16] = blk[at + j] >> 4;
+        }
+        if F == 3 {
+            let qh = q5_high(blk);
+            for (j, u) in u.iter_mut().enumerate() {
+                *u |= (((qh >> j) & 1) << 4) as u8;
+            }
         }
     }
     (u, d, m)
@@ -309,6 +323,10 @@ fn dot_rows_on(path: Path, w: WeightRows<'_>, x: &QuantizedRows, m: usize, out: 
                 (1, 2) => dot_tile::<1, 2>(path, row, x, r, d),
                 (1, 3) => dot_tile::<1, 3>(path, row, x, r, d),
                 (1, _) => dot_tile::<1, 4>(path, row, x, r, d),
+                (3, 1) => dot_tile::<3, 1>(path, row, x, r, d),
+                (3, 2) => dot_tile::<3, 2>(path, row, x, r, d),
+                (3, 3) => dot_tile::<3, 3>(path, row, x, r, d),
+                (3, _) => dot_tile::<3, 4>(path, row, x, r, d),
                 (_, 1) => dot_tile::<2, 1>(path, row, x, r, d),
                 (_, 2) => dot_tile::<2, 2>(path, row, x, r, d),
                 (_, 3) => dot_tile::<2, 3>(path, row, x, r, d),
@@ -364,7 +382,7 @@ mod x86 {
     //! the end of the row and is copied to a zeroed buffer first, so that no
     //! load reads past the row.
 
-    use super::{GB, Path, QB, QuantizedRows, WeightRows, layout_of};
+    use super::{GB, Path, QB, QuantizedRows, WeightRows, layout_of, q5_high};
     use std::arch::x86_64::*;
 
     /// The blocks `b0..` of `row`, whole if `nb - b0 >= n`, otherwise the
@@ -527,10 +545,27 @@ mod x86 {
                 )
             } else {
                 let v = part(at);
-                (
+                let (lo, hi) = (
                     _mm512_and_si512(v, low4),
                     _mm512_and_si512(_mm512_srli_epi16::<4>(v), low4),
-                )
+                );
+                if F == 3 {
+                    // the 4 blocks' qh words, each repeated over its lane
+                    let qh = _mm_unpacklo_epi64(
+                        _mm_unpacklo_epi32(load(2, 0), load(2, 1)),
+                        _mm_unpacklo_epi32(load(2, 2), load(2, 3)),
+                    );
+                    let qh = _mm512_permutexvar_epi32(
+                        _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
+                        _mm512_castsi128_si512(qh),
+                    );
+                    (
+                        _mm512_or_si512(lo, fifth_bits_512(qh, 0)),
+                        _mm512_or_si512(hi, fifth_bits_512(qh, 2)),
+                    )
+                } else {
+                    (lo, hi)
+                }
             };
             for i in 0..R {
                 let q = x.q_row(r0 + i)[b * QB..].as_ptr();
@@ -556,6 +591,40 @@ mod x86 {
             out[i] = _mm512_reduce_add_ps(acc[i]) + hsum128(off[i]);
         }
         out
+    }
+
+    /// 16 in byte j of each 128-bit lane where bit `8 * byte0 + j` of the
+    /// lane's (repeated) 32-bit word is set, 0 elsewhere: Q5_0's fifth
+    /// bits of the low (`byte0` 0) or high (2) nibbles.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    fn fifth_bits_512(qh: __m512i, byte0: i8) -> __m512i {
+        let (a, b) = (byte0, byte0 + 1);
+        let pick = _mm512_broadcast_i32x4(_mm_setr_epi8(
+            a, a, a, a, a, a, a, a, b, b, b, b, b, b, b, b,
+        ));
+        let bits = _mm512_broadcast_i32x4(_mm_setr_epi8(
+            1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -128,
+        ));
+        let set = _mm512_test_epi8_mask(_mm512_shuffle_epi8(qh, pick), bits);
+        _mm512_maskz_mov_epi8(set, _mm512_set1_epi8(16))
+    }
+
+    /// As `fifth_bits_512`, for two lanes.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn fifth_bits_256(qh: __m256i, byte0: i8) -> __m256i {
+        let (a, b) = (byte0, byte0 + 1);
+        let pick = _mm256_setr_epi8(
+            a, a, a, a, a, a, a, a, b, b, b, b, b, b, b, b, a, a, a, a, a, a, a, a, b, b, b, b, b,
+            b, b, b,
+        );
+        let bits = _mm256_setr_epi8(
+            1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64,
+            -128, 1, 2, 4, 8, 16, 32, 64, -128,
+        );
+        let v = _mm256_and_si256(_mm256_shuffle_epi8(qh, pick), bits);
+        _mm256_and_si256(_mm256_cmpeq_epi8(v, bits), _mm256_set1_epi8(16))
     }
 
     /// The sum of the 4 lanes of `v`.
@@ -646,10 +715,23 @@ mod x86 {
                         (part(at), part(at + 16))
                     } else {
                         let v = part(at);
-                        (
+                        let (lo, hi) = (
                             _mm256_and_si256(v, low4),
                             _mm256_and_si256(_mm256_srli_epi16::<4>(v), low4),
-                        )
+                        );
+                        if F == 3 {
+                            let (h0, h1) = (
+                                q5_high(std::slice::from_raw_parts(p, 6)) as i32,
+                                q5_high(std::slice::from_raw_parts(p.add(bb), 6)) as i32,
+                            );
+                            let qh = _mm256_setr_epi32(h0, h0, h0, h0, h1, h1, h1, h1);
+                            (
+                                _mm256_or_si256(lo, fifth_bits_256(qh, 0)),
+                                _mm256_or_si256(hi, fifth_bits_256(qh, 2)),
+                            )
+                        } else {
+                            (lo, hi)
+                        }
                     }
                 };
                 let pick = _mm256_setr_epi32(
@@ -678,7 +760,7 @@ mod x86 {
                         let h = _mm256_maddubs_epi16(_mm256_abs_epi8(hi), _mm256_sign_epi8(xh, hi));
                         _mm256_add_epi32(_mm256_madd_epi16(l, ones), _mm256_madd_epi16(h, ones))
                     } else {
-                        // at most 4 · 15 · 127 per 16-bit lane
+                        // at most 4 · 31 · 127 per 16-bit lane (Q5_0)
                         let s = _mm256_add_epi16(
                             _mm256_maddubs_epi16(lo, xl),
                             _mm256_maddubs_epi16(hi, xh),
@@ -717,6 +799,7 @@ mod tests {
         match format {
             QuantFormat::Q8_0 => crate::quant::quantize_q8_0(v),
             QuantFormat::Q4_0 => crate::quant::quantize_q4_0(v),
+            QuantFormat::Q5_0 => crate::quant::quantize_q5_0(v),
             _ => crate::quant::quantize_q4_1(v),
         }
     }
@@ -753,7 +836,12 @@ mod tests {
 
     #[test]
     fn every_path_matches_the_scalar_kernel_and_the_f32_product() {
-        let formats = [QuantFormat::Q8_0, QuantFormat::Q4_0, QuantFormat::Q4_1];
+        let formats = [
+            QuantFormat::Q8_0,
+            QuantFormat::Q4_0,
+            QuantFormat::Q4_1,
+            QuantFormat::Q5_0,
+        ];
         let shapes = [
             (1, 1),
             (1, 7),
@@ -831,7 +919,12 @@ mod tests {
         let k = 96;
         let xs = gaussian(2 * k, 3);
         let xq = QuantizedRows::new(Path::Scalar, &xs, 2, k);
-        for format in [QuantFormat::Q8_0, QuantFormat::Q4_0, QuantFormat::Q4_1] {
+        for format in [
+            QuantFormat::Q8_0,
+            QuantFormat::Q4_0,
+            QuantFormat::Q4_1,
+            QuantFormat::Q5_0,
+        ] {
             let mut wb = quantize(format, &gaussian(2 * k, 4));
             let (rb, bb) = (format.bytes_for(k), format.block_bytes());
             for blk in wb[rb..].chunks_exact_mut(bb) {
@@ -862,7 +955,12 @@ mod tests {
         let xs: Vec<f32> = (0..2 * k).map(|i| if i < k { 0.0 } else { 1.5 }).collect();
         let ws = gaussian(3 * k, 5);
         let xq = QuantizedRows::new(Path::Scalar, &xs, 2, k);
-        for format in [QuantFormat::Q8_0, QuantFormat::Q4_0, QuantFormat::Q4_1] {
+        for format in [
+            QuantFormat::Q8_0,
+            QuantFormat::Q4_0,
+            QuantFormat::Q4_1,
+            QuantFormat::Q5_0,
+        ] {
             let wb = quantize(format, &ws);
             let wf = crate::quant::dequantize(format, &wb);
             for path in Path::available() {

@@ -100,6 +100,7 @@ fn gemm_rows_on(path: Path, w: WeightRows<'_>, x: &QuantizedRows, m: usize, out:
     match code(w.format) {
         0 => gemm_rows_of::<0>(path, w, x, m, out),
         1 => gemm_rows_of::<1>(path, w, x, m, out),
+        3 => gemm_rows_of::<3>(path, w, x, m, out),
         _ => gemm_rows_of::<2>(path, w, x, m, out),
     }
 }
@@ -290,6 +291,7 @@ mod tests {
         match format {
             QuantFormat::Q8_0 => crate::quant::quantize_q8_0(v),
             QuantFormat::Q4_0 => crate::quant::quantize_q4_0(v),
+            QuantFormat::Q5_0 => crate::quant::quantize_q5_0(v),
             _ => crate::quant::quantize_q4_1(v),
         }
     }
@@ -305,7 +307,12 @@ mod tests {
     fn tiles_match_the_row_dots() {
         // m and n not multiples of the tile, k of one block, of groups cut
         // short and of more than 64 blocks; a task that starts past row 0
-        let formats = [QuantFormat::Q8_0, QuantFormat::Q4_0, QuantFormat::Q4_1];
+        let formats = [
+            QuantFormat::Q8_0,
+            QuantFormat::Q4_0,
+            QuantFormat::Q4_1,
+            QuantFormat::Q5_0,
+        ];
         for &k in &[32, 64, 96, 160, 576, 2048 + 32] {
             for &(m, n) in &[(1, 1), (3, 5), (4, 4), (8, 9), (13, 6), (33, 17)] {
                 let xs = values(m * k, (k * 31 + m) as u64);
