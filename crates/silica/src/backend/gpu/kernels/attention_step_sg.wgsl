@@ -53,12 +53,43 @@ const U: u32 = 4u;
 // more): m, l and the 8 dimensions (4 for f32) of y.
 var<workgroup> merged: array<array<f32, 10>, THREADS>;
 
-// Elements of DT in 16 bytes.
+// f32 with 32 bytes a lane (two words): for heads whose 16-byte chunks
+// outnumber a subgroup (Gemma 3's 256 in f32).
+override WIDE: bool = false;
+
+// Elements of DT a lane takes: 16 bytes of them, 32 with WIDE.
 fn chunk_elems() -> u32 {
-    if DT == 0u {
+    if DT == 0u && !WIDE {
         return 4u;
     }
     return 8u;
+}
+
+// A lane's elements from element e of src_q.
+fn q_elems(e: u32) -> array<vec4<f32>, 2> {
+    if WIDE {
+        return array<vec4<f32>, 2>(bitcast<vec4<f32>>(src_q[e / 4u]), bitcast<vec4<f32>>(src_q[e / 4u + 1u]));
+    }
+    return unpack16(src_q[e / chunk_elems()]);
+}
+
+// A lane's elements of a key or value from its loaded words (`b` is the
+// second word, used with WIDE).
+fn lane_elems(a: vec4<u32>, b: vec4<u32>) -> array<vec4<f32>, 2> {
+    if WIDE {
+        return array<vec4<f32>, 2>(bitcast<vec4<f32>>(a), bitcast<vec4<f32>>(b));
+    }
+    return unpack16(a);
+}
+
+// Writes a lane's elements at element e of the cache.
+fn store_cache(e: u32, c: array<vec4<f32>, 2>) {
+    if WIDE {
+        cache[e / 4u] = bitcast<vec4<u32>>(c[0]);
+        cache[e / 4u + 1u] = bitcast<vec4<u32>>(c[1]);
+    } else {
+        cache[e / chunk_elems()] = pack16(c);
+    }
 }
 
 // 16 bytes of DT as f32: elements 0-3 in [0], 4-7 in [1] (zeros for f32).
@@ -100,7 +131,7 @@ fn dot16(a: array<vec4<f32>, 2>, b: array<vec4<f32>, 2>) -> f32 {
 fn rotated(head: u32, j: u32, ang: u32) -> array<vec4<f32>, 2> {
     let n = chunk_elems();
     let e0 = n * j;
-    let x = unpack16(src_q[(head + e0) / n]);
+    let x = q_elems(head + e0);
     var r: array<vec4<f32>, 2>;
     if ADJACENT {
         let i0 = e0 / 2u;
@@ -117,7 +148,7 @@ fn rotated(head: u32, j: u32, ang: u32) -> array<vec4<f32>, 2> {
         let half = p.d / 2u;
         let first = e0 < half;
         let i0 = select(e0 - half, e0, first);
-        let y = unpack16(src_q[(head + select(e0 - half, e0 + half, first)) / n]);
+        let y = q_elems(head + select(e0 - half, e0 + half, first));
         for (var k = 0u; k < n; k++) {
             let c = cos_t[p.sm.y + ang + i0 + k];
             let s = sin_t[p.sm.z + ang + i0 + k];
@@ -170,6 +201,9 @@ fn shuffled(s: State, o: u32) -> State {
 struct Batch {
     k: array<vec4<u32>, U>,
     v: array<vec4<u32>, U>,
+    // the second words (WIDE)
+    k2: array<vec4<u32>, U>,
+    v2: array<vec4<u32>, U>,
 }
 
 fn batch_words(t0: u32, slot: u32, slots: u32, k0: u32, v0: u32, cached_last: u32) -> Batch {
@@ -177,8 +211,17 @@ fn batch_words(t0: u32, slot: u32, slots: u32, k0: u32, v0: u32, cached_last: u3
     var b: Batch;
     for (var u = 0u; u < U; u++) {
         let t = min(t0 + u * slots + slot, cached_last);
-        b.k[u] = cache[(k0 + t * p.sk.y) / n];
-        b.v[u] = cache[(v0 + t * p.sv.y) / n];
+        let ek = k0 + t * p.sk.y;
+        let ev = v0 + t * p.sv.y;
+        if WIDE {
+            b.k[u] = cache[ek / 4u];
+            b.v[u] = cache[ev / 4u];
+            b.k2[u] = cache[ek / 4u + 1u];
+            b.v2[u] = cache[ev / 4u + 1u];
+        } else {
+            b.k[u] = cache[ek / n];
+            b.v[u] = cache[ev / n];
+        }
     }
     return b;
 }
@@ -224,10 +267,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     var next = batch_words(begin, slot, slots, k0, v0, cached_last);
     let q = rotated(p.off_q + qr + h * p.sq.z, j, ang);
     let kf = rotated(p.off_m + qr + kvh * p.sq.z, j, ang);
-    let vf = unpack16(src_q[(p.sm.x + qr + kvh * p.sq.z + e0) / n]);
+    let vf = q_elems(p.sm.x + qr + kvh * p.sq.z + e0);
     if h % (p.heads / p.kv_heads) == 0u && slot == 0u && chunk == 0u {
-        cache[(k0 + last * p.sk.y) / n] = pack16(kf);
-        cache[(v0 + last * p.sv.y) / n] = pack16(vf);
+        store_cache(k0 + last * p.sk.y, kf);
+        store_cache(v0 + last * p.sv.y, vf);
     }
 
     var st: State;
@@ -241,7 +284,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         var top = st.m;
         for (var u = 0u; u < U; u++) {
             let t = t0 + u * slots + slot;
-            var k = unpack16(cur.k[u]);
+            var k = lane_elems(cur.k[u], cur.k2[u]);
             if t == last {
                 k = kf;
             }
@@ -259,7 +302,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         st.m = top;
         for (var u = 0u; u < U; u++) {
             let t = t0 + u * slots + slot;
-            var v = unpack16(cur.v[u]);
+            var v = lane_elems(cur.v[u], cur.v2[u]);
             if t == last {
                 v = vf;
             }
@@ -302,7 +345,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             dst[r] = vec4<u32>(bitcast<u32>(all.m), bitcast<u32>(all.l), 0u, 0u);
         }
         dst[r + 1u + e0 / 4u] = bitcast<vec4<u32>>(all.y[0]);
-        if DT != 0u {
+        if DT != 0u || WIDE {
             dst[r + 2u + e0 / 4u] = bitcast<vec4<u32>>(all.y[1]);
         }
         return;
@@ -310,5 +353,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     var out: array<vec4<f32>, 2>;
     out[0] = all.y[0] / all.l;
     out[1] = all.y[1] / all.l;
-    dst[(row * p.d + e0) / n] = pack16(out);
+    if WIDE {
+        dst[(row * p.d + e0) / 4u] = bitcast<vec4<u32>>(out[0]);
+        dst[(row * p.d + e0) / 4u + 1u] = bitcast<vec4<u32>>(out[1]);
+    } else {
+        dst[(row * p.d + e0) / n] = pack16(out);
+    }
 }

@@ -644,7 +644,7 @@ pub(crate) fn attention_step(
         0.0
     };
     let dt = qkv.dtype();
-    if let Some(lanes) = lanes {
+    if let Some((lanes, wide)) = lanes {
         let scratch = if chunks > 1 {
             Some(chunk_records(ctx, heads, chunks, d)?)
         } else {
@@ -656,6 +656,7 @@ pub(crate) fn attention_step(
                 ("DT", code(dt)),
                 ("ADJACENT", adjacent),
                 ("LK", lanes as f64),
+                ("WIDE", if wide { 1.0 } else { 0.0 }),
             ],
             bytemuck::cast_slice(&words),
             &[buffer(qkv), buffer(cos), buffer(sin)],
@@ -768,7 +769,7 @@ pub(crate) fn attention_step_batch(
 ) -> Result<()> {
     let (batch, d) = (qkv.shape()[0], qkv.shape()[2]);
     let heads = step.heads;
-    let Some(lanes) = step_sg_lanes(ctx, qkv, cache, step.style) else {
+    let Some((lanes, wide)) = step_sg_lanes(ctx, qkv, cache, step.style) else {
         return Err(crate::Error::NotSupported {
             op: "cached_attention_batch",
             reason: "the batched step kernel needs the subgroup step kernel's lanes".into(),
@@ -795,6 +796,7 @@ pub(crate) fn attention_step_batch(
             ("DT", code(dt)),
             ("ADJACENT", adjacent),
             ("LK", lanes as f64),
+            ("WIDE", if wide { 1.0 } else { 0.0 }),
         ],
         bytemuck::cast_slice(&words),
         &[buffer(qkv), buffer(cos), buffer(sin), buffer(seqs)],
@@ -830,25 +832,34 @@ fn sg_chunks(tk: usize) -> (usize, usize) {
     (chunk, tk.div_ceil(chunk))
 }
 
-/// The lanes a key of [`ATTENTION_STEP_SG`] (its head's 16-byte chunks)
-/// where that kernel runs this step: subgroups of one width that hold a
-/// key's lanes, a power of two of them, halves of whole chunks for the
-/// rotate-half layout, and operands at multiples of 16 bytes.
-fn step_sg_lanes(ctx: &Context, qkv: &Tensor, cache: &Tensor, style: RopeStyle) -> Option<usize> {
+/// The lanes a key of [`ATTENTION_STEP_SG`] takes where that kernel runs
+/// this step, and whether each lane takes 32 bytes (`WIDE`, f32 heads
+/// whose 16-byte chunks outnumber a subgroup) instead of 16: subgroups of
+/// one width that hold a key's lanes, a power of two of them, halves of
+/// whole chunks for the rotate-half layout, and operands at multiples of
+/// 16 bytes.
+fn step_sg_lanes(
+    ctx: &Context,
+    qkv: &Tensor,
+    cache: &Tensor,
+    style: RopeStyle,
+) -> Option<(usize, bool)> {
     let size = qkv.dtype().size_in_bytes();
     let d = qkv.shape()[2];
-    let per_chunk = 16 / size;
+    let width = ctx.subgroup_width() as usize;
+    let wide = size == 4 && d / 4 > width;
+    let per_chunk = if wide { 8 } else { 16 / size };
     let lanes = d / per_chunk;
     let half_whole = style == RopeStyle::Adjacent || (d / 2).is_multiple_of(per_chunk);
     let aligned = [qkv, cache]
         .iter()
-        .all(|t| t.layout().offset().is_multiple_of(per_chunk));
-    (ctx.subgroup_width() as usize >= lanes
+        .all(|t| t.layout().offset().is_multiple_of(16 / size));
+    (width >= lanes
         && d.is_multiple_of(per_chunk)
         && lanes.is_power_of_two()
         && half_whole
         && aligned)
-        .then_some(lanes)
+        .then_some((lanes, wide))
 }
 
 #[cfg(test)]
@@ -916,6 +927,17 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
                 out.push((
                     kernel,
                     vec![("DT", dt), ("ADJACENT", adjacent), ("LK", lanes)],
+                ));
+            }
+            if dt == 0.0 {
+                out.push((
+                    &ATTENTION_STEP_SG,
+                    vec![
+                        ("DT", dt),
+                        ("ADJACENT", adjacent),
+                        ("LK", lanes),
+                        ("WIDE", 1.0),
+                    ],
                 ));
             }
         }
