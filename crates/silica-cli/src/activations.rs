@@ -163,19 +163,7 @@ pub fn read_prompts(path: &Path) -> Result<Vec<Prompt>, CliError> {
                 )));
             }
         };
-        let scalar = |key: &str| -> Result<Option<String>, CliError> {
-            match v.get(key) {
-                None | Some(serde_json::Value::Null) => Ok(None),
-                Some(serde_json::Value::String(s)) => Ok(Some(s.clone())),
-                Some(x @ (serde_json::Value::Number(_) | serde_json::Value::Bool(_))) => {
-                    Ok(Some(x.to_string()))
-                }
-                Some(_) => Err(CliError::msg(format!(
-                    "{}: \"{key}\" must be a string, number or boolean",
-                    at()
-                ))),
-            }
-        };
+        let scalar = |key: &str| scalar_field(&v, key, &at);
         out.push(Prompt {
             text: text.to_string(),
             id: scalar("id")?,
@@ -184,6 +172,27 @@ pub fn read_prompts(path: &Path) -> Result<Vec<Prompt>, CliError> {
         });
     }
     Ok(out)
+}
+
+/// Field `key` of a JSON line as text: a string, or a number or boolean
+/// written out; `None` where it is absent or null; an error naming the
+/// line (`at`) for anything else.
+pub(crate) fn scalar_field(
+    v: &serde_json::Value,
+    key: &str,
+    at: &dyn Fn() -> String,
+) -> Result<Option<String>, CliError> {
+    match v.get(key) {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(serde_json::Value::String(s)) => Ok(Some(s.clone())),
+        Some(x @ (serde_json::Value::Number(_) | serde_json::Value::Bool(_))) => {
+            Ok(Some(x.to_string()))
+        }
+        Some(_) => Err(CliError::msg(format!(
+            "{}: \"{key}\" must be a string, number or boolean",
+            at()
+        ))),
+    }
 }
 
 /// A model states can be captured from, with its tokenizer.

@@ -169,13 +169,8 @@ fn read_prompts_or_labels(path: &std::path::Path) -> Result<Vec<Option<String>>,
         let v: serde_json::Value = serde_json::from_str(line).map_err(|e| {
             CliError::msg(format!("{} line {}: not JSON: {e}", path.display(), n + 1))
         })?;
-        out.push(match v.get("label") {
-            Some(serde_json::Value::String(s)) => Some(s.clone()),
-            Some(x @ (serde_json::Value::Number(_) | serde_json::Value::Bool(_))) => {
-                Some(x.to_string())
-            }
-            _ => None,
-        });
+        let at = || format!("{} line {}", path.display(), n + 1);
+        out.push(crate::activations::scalar_field(&v, "label", &at)?);
     }
     Ok(out)
 }
