@@ -190,6 +190,7 @@ fn cases(large: bool, cpu: bool) -> Vec<Case> {
     for format in [
         QuantFormat::Q4_0,
         QuantFormat::Q4_1,
+        QuantFormat::Q5_0,
         QuantFormat::Q8_0,
         QuantFormat::Q4_K,
         QuantFormat::Q5_K,

@@ -503,8 +503,10 @@ mod x86 {
             let plain = b * bb + (GB - 1) * bb + at + 32 <= row.len();
             let keep = |t: usize| if t < live { 0xffff } else { 0 };
             let p = row[b * bb..].as_ptr();
-            // the blocks four groups ahead (a prefetch never faults)
-            let ahead = p.wrapping_add(4 * GB * bb);
+            // the blocks 32 groups ahead, far enough to cover the memory's
+            // latency at decode (docs/tuning.md, "CPU prefetch distance";
+            // a prefetch never faults)
+            let ahead = p.wrapping_add(32 * GB * bb);
             for l in 0..(GB * bb).div_ceil(64) {
                 _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * l).cast());
             }
@@ -685,9 +687,10 @@ mod x86 {
         for run in 0..nb.div_ceil(RUN) {
             let b0 = run * RUN;
             let live = (nb - b0).min(RUN);
-            // the blocks two runs ahead (the rest of the row, then the
-            // next row's start: rows follow each other in memory)
-            let ahead = row.as_ptr().wrapping_add((b0 + 2 * RUN) * bb);
+            // the blocks eight runs ahead (the rest of the row, then the
+            // next rows: rows follow each other in memory; docs/tuning.md,
+            // "CPU prefetch distance")
+            let ahead = row.as_ptr().wrapping_add((b0 + 8 * RUN) * bb);
             for l in 0..(RUN * bb).div_ceil(64) {
                 _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * l).cast());
             }
