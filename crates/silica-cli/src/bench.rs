@@ -838,7 +838,7 @@ mod tests {
                     *per_format.entry(format.to_string()).or_insert(0) += 1;
                 }
             }
-            assert_eq!(per_format.len(), 6, "{per_format:?}");
+            assert_eq!(per_format.len(), 7, "{per_format:?}");
             // of 135M's four products only down (rows of 1536) tiles into 256s
             assert_eq!(per_format["q4_0"], per_format["q4_k"] + 3, "{per_format:?}");
         }
