@@ -445,6 +445,37 @@ pub fn quantize_q5_0(values: &[f32]) -> Vec<u8> {
     })
 }
 
+/// Quantizes to Q5_1 (ggml's reference rounding: d = (max - min) / 31,
+/// m = min, q = min(31, trunc((x - min) / d + 0.5)), the fifth bits in
+/// `qh`). The result is `values.len() / 32 * 24` bytes.
+///
+/// # Panics
+///
+/// If `values.len()` is not a multiple of 32.
+pub fn quantize_q5_1(values: &[f32]) -> Vec<u8> {
+    quantize_blocks::<24>(values, |x, out| {
+        let (mut min, mut max) = (f32::MAX, -f32::MAX);
+        for &v in x {
+            min = min.min(v);
+            max = max.max(v);
+        }
+        let d = (max - min) / 31.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        out[..2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
+        out[2..4].copy_from_slice(&f16::from_f32(min).to_le_bytes());
+        let mut qh = 0u32;
+        let (lo, hi) = x.split_at(QK / 2);
+        for (j, (&a, &b)) in lo.iter().zip(hi).enumerate() {
+            let q0 = (((a - min) * id + 0.5) as u8).min(31);
+            let q1 = (((b - min) * id + 0.5) as u8).min(31);
+            out[8 + j] = (q0 & 15) | ((q1 & 15) << 4);
+            qh |= u32::from(q0 >> 4) << j;
+            qh |= u32::from(q1 >> 4) << (j + QK / 2);
+        }
+        out[4..8].copy_from_slice(&qh.to_le_bytes());
+    })
+}
+
 /// Quantizes to Q4_1 (ggml's reference rounding: d = (max - min) / 15,
 /// m = min, q = min(15, trunc((x - min) / d + 0.5))). The result is
 /// `values.len() / 32 * 20` bytes.

@@ -52,7 +52,11 @@ fn gpu_int8_activations(format: QuantFormat) -> bool {
 fn int8_activations(format: QuantFormat) -> bool {
     matches!(
         format,
-        QuantFormat::Q4_0 | QuantFormat::Q4_1 | QuantFormat::Q5_0 | QuantFormat::Q8_0
+        QuantFormat::Q4_0
+            | QuantFormat::Q4_1
+            | QuantFormat::Q5_0
+            | QuantFormat::Q5_1
+            | QuantFormat::Q8_0
     )
 }
 

@@ -1,11 +1,12 @@
-//! Integer dot products of Q4_0 / Q4_1 / Q5_0 / Q8_0 weight rows with
+//! Integer dot products of Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 weight rows with
 //! activations quantized to 8 bits, as llama.cpp computes them.
 //!
 //! The activations are quantized once per product ([`QuantizedRows`]):
 //! blocks of 32 values with an f32 scale `dx` and `sx = dx * Σq`. Every
 //! weight block is read as unsigned 8-bit quants `u` with an affine map
 //! `w = dw * u + mw` (Q4_0: `mw = -8 dw`; Q4_1: its minimum; Q5_0: the
-//! nibble with its fifth bit from the block's `qh`, `mw = -16 dw`; Q8_0:
+//! nibble with its fifth bit from the block's `qh`, `mw = -16 dw`; Q5_1:
+//! the same quants, its minimum; Q8_0:
 //! `u = q + 128`, `mw = -128 dw`), so that one block contributes
 //! `dw * dx * Σ u·q + mw * sx`: the inner sum is an unsigned × signed byte
 //! product, which x86 computes 64 pairs per instruction (AVX-512 VNNI
@@ -79,7 +80,11 @@ impl Path {
 pub(crate) fn supports(format: QuantFormat) -> bool {
     matches!(
         format,
-        QuantFormat::Q4_0 | QuantFormat::Q4_1 | QuantFormat::Q5_0 | QuantFormat::Q8_0
+        QuantFormat::Q4_0
+            | QuantFormat::Q4_1
+            | QuantFormat::Q5_0
+            | QuantFormat::Q5_1
+            | QuantFormat::Q8_0
     )
 }
 
@@ -195,24 +200,38 @@ pub(super) const fn layout_of(f: u8) -> (usize, usize, f32) {
         0 => (34, 2, 128.0),
         1 => (18, 2, 8.0),
         3 => (22, 6, 16.0),
+        4 => (24, 8, 0.0),
         _ => (20, 4, 0.0),
     }
 }
 
-/// `F` of the kernels: 0 = Q8_0, 1 = Q4_0, 2 = Q4_1, 3 = Q5_0.
+/// `F` of the kernels: 0 = Q8_0, 1 = Q4_0, 2 = Q4_1, 3 = Q5_0, 4 = Q5_1.
 pub(super) fn code(format: QuantFormat) -> u8 {
     match format {
         QuantFormat::Q8_0 => 0,
         QuantFormat::Q4_0 => 1,
         QuantFormat::Q5_0 => 3,
+        QuantFormat::Q5_1 => 4,
         _ => 2,
     }
 }
 
-/// The fifth bits of a Q5_0 block (`blk` from its start).
+/// Whether format `F` stores its block's minimum (Q4_1, Q5_1).
+pub(super) const fn has_min(f: u8) -> bool {
+    f == 2 || f == 4
+}
+
+/// Whether format `F` has fifth bits (Q5_0, Q5_1), in the 4 bytes before
+/// its nibbles.
+pub(super) const fn has_high(f: u8) -> bool {
+    f == 3 || f == 4
+}
+
+/// The fifth bits of a Q5_0 or Q5_1 block (`blk` from its start; `at` the
+/// offset of its nibbles).
 #[inline(always)]
-fn q5_high(blk: &[u8]) -> u32 {
-    u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]])
+fn q5_high(blk: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([blk[at - 4], blk[at - 3], blk[at - 2], blk[at - 1]])
 }
 
 /// The unsigned quants and the affine map `(dw, mw)` of block `blk`
@@ -221,7 +240,7 @@ fn q5_high(blk: &[u8]) -> u32 {
 pub(super) fn block_u8<const F: u8>(blk: &[u8]) -> ([u8; QB], f32, f32) {
     let (_, at, bias) = layout_of(F);
     let d = f16_le(blk[0], blk[1]);
-    let m = if F == 2 {
+    let m = if has_min(F) {
         f16_le(blk[2], blk[3])
     } else {
         -bias * d
@@ -236,8 +255,8 @@ pub(super) fn block_u8<const F: u8>(blk: &[u8]) -> ([u8; QB], f32, f32) {
             u[j] = blk[at + j] & 15;
             u[j + 16] = blk[at + j] >> 4;
         }
-        if F == 3 {
-            let qh = q5_high(blk);
+        if has_high(F) {
+            let qh = q5_high(blk, at);
             for (j, u) in u.iter_mut().enumerate() {
                 *u |= (((qh >> j) & 1) << 4) as u8;
             }
@@ -327,6 +346,10 @@ fn dot_rows_on(path: Path, w: WeightRows<'_>, x: &QuantizedRows, m: usize, out: 
                 (3, 2) => dot_tile::<3, 2>(path, row, x, r, d),
                 (3, 3) => dot_tile::<3, 3>(path, row, x, r, d),
                 (3, _) => dot_tile::<3, 4>(path, row, x, r, d),
+                (4, 1) => dot_tile::<4, 1>(path, row, x, r, d),
+                (4, 2) => dot_tile::<4, 2>(path, row, x, r, d),
+                (4, 3) => dot_tile::<4, 3>(path, row, x, r, d),
+                (4, _) => dot_tile::<4, 4>(path, row, x, r, d),
                 (_, 1) => dot_tile::<2, 1>(path, row, x, r, d),
                 (_, 2) => dot_tile::<2, 2>(path, row, x, r, d),
                 (_, 3) => dot_tile::<2, 3>(path, row, x, r, d),
@@ -382,7 +405,7 @@ mod x86 {
     //! the end of the row and is copied to a zeroed buffer first, so that no
     //! load reads past the row.
 
-    use super::{GB, Path, QB, QuantizedRows, WeightRows, layout_of, q5_high};
+    use super::{GB, Path, QB, QuantizedRows, WeightRows, has_high, has_min, layout_of, q5_high};
     use std::arch::x86_64::*;
 
     /// The blocks `b0..` of `row`, whole if `nb - b0 >= n`, otherwise the
@@ -535,7 +558,7 @@ mod x86 {
             // there may be NaN); their quants meet zeros of x
             let heads = _mm_maskz_mov_epi32(((1u16 << live) - 1) as u8, heads);
             let dw = _mm_cvtph_ps(_mm_cvtepi32_epi16(heads));
-            let mw = if F == 2 {
+            let mw = if has_min(F) {
                 _mm_cvtph_ps(_mm_cvtepi32_epi16(_mm_srli_epi32::<16>(heads)))
             } else {
                 _mm_mul_ps(dw, _mm_set1_ps(-bias))
@@ -551,11 +574,12 @@ mod x86 {
                     _mm512_and_si512(v, low4),
                     _mm512_and_si512(_mm512_srli_epi16::<4>(v), low4),
                 );
-                if F == 3 {
+                if has_high(F) {
                     // the 4 blocks' qh words, each repeated over its lane
+                    let h = at - 4;
                     let qh = _mm_unpacklo_epi64(
-                        _mm_unpacklo_epi32(load(2, 0), load(2, 1)),
-                        _mm_unpacklo_epi32(load(2, 2), load(2, 3)),
+                        _mm_unpacklo_epi32(load(h, 0), load(h, 1)),
+                        _mm_unpacklo_epi32(load(h, 2), load(h, 3)),
                     );
                     let qh = _mm512_permutexvar_epi32(
                         _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
@@ -650,7 +674,7 @@ mod x86 {
         let mut m = [0u16; 8];
         for (i, blk) in row[b0 * bb..].chunks_exact(bb).take(8).enumerate() {
             d[i] = u16::from_le_bytes([blk[0], blk[1]]);
-            if F == 2 {
+            if has_min(F) {
                 m[i] = u16::from_le_bytes([blk[2], blk[3]]);
             }
         }
@@ -659,7 +683,7 @@ mod x86 {
         let mw = match F {
             0 => _mm256_setzero_ps(),
             // SAFETY: as above
-            2 => _mm256_cvtph_ps(unsafe { _mm_loadu_si128(m.as_ptr().cast()) }),
+            2 | 4 => _mm256_cvtph_ps(unsafe { _mm_loadu_si128(m.as_ptr().cast()) }),
             _ => _mm256_mul_ps(dw, _mm256_set1_ps(-bias)),
         };
         (dw, mw)
@@ -722,10 +746,10 @@ mod x86 {
                             _mm256_and_si256(v, low4),
                             _mm256_and_si256(_mm256_srli_epi16::<4>(v), low4),
                         );
-                        if F == 3 {
+                        if has_high(F) {
                             let (h0, h1) = (
-                                q5_high(std::slice::from_raw_parts(p, 6)) as i32,
-                                q5_high(std::slice::from_raw_parts(p.add(bb), 6)) as i32,
+                                q5_high(std::slice::from_raw_parts(p, at), at) as i32,
+                                q5_high(std::slice::from_raw_parts(p.add(bb), at), at) as i32,
                             );
                             let qh = _mm256_setr_epi32(h0, h0, h0, h0, h1, h1, h1, h1);
                             (
@@ -803,6 +827,7 @@ mod tests {
             QuantFormat::Q8_0 => crate::quant::quantize_q8_0(v),
             QuantFormat::Q4_0 => crate::quant::quantize_q4_0(v),
             QuantFormat::Q5_0 => crate::quant::quantize_q5_0(v),
+            QuantFormat::Q5_1 => crate::quant::quantize_q5_1(v),
             _ => crate::quant::quantize_q4_1(v),
         }
     }

@@ -101,6 +101,7 @@ fn gemm_rows_on(path: Path, w: WeightRows<'_>, x: &QuantizedRows, m: usize, out:
         0 => gemm_rows_of::<0>(path, w, x, m, out),
         1 => gemm_rows_of::<1>(path, w, x, m, out),
         3 => gemm_rows_of::<3>(path, w, x, m, out),
+        4 => gemm_rows_of::<4>(path, w, x, m, out),
         _ => gemm_rows_of::<2>(path, w, x, m, out),
     }
 }
@@ -292,6 +293,7 @@ mod tests {
             QuantFormat::Q8_0 => crate::quant::quantize_q8_0(v),
             QuantFormat::Q4_0 => crate::quant::quantize_q4_0(v),
             QuantFormat::Q5_0 => crate::quant::quantize_q5_0(v),
+            QuantFormat::Q5_1 => crate::quant::quantize_q5_1(v),
             _ => crate::quant::quantize_q4_1(v),
         }
     }
