@@ -219,39 +219,6 @@ pub(super) fn attention_mask(
         .to_device(device)?)
 }
 
-/// Attention with tanh soft-capping of the scores, composed from matmuls:
-/// `softmax(cap · tanh(q kᵀ · scale / cap) + mask) v`, with `q` `[t, H,
-/// D]`, `k` and `v` `[tk, KVH, D]` (query head `h` reads KV head `h / (H /
-/// KVH)`) and `mask` `[t, tk]` (none: every key is seen). Returns `[t, H,
-/// D]`.
-pub(super) fn softcapped_attention(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    mask: Option<&Tensor>,
-    scale: f32,
-    cap: f32,
-) -> silica::Result<Tensor> {
-    let [t, h, d] = [q.shape()[0], q.shape()[1], q.shape()[2]];
-    let [tk, kvh] = [k.shape()[0], k.shape()[1]];
-    let group = h / kvh;
-    // [KVH, group · t, D]: the query heads of each KV head one after another
-    let qh = q
-        .permute(&[1, 0, 2])?
-        .contiguous()?
-        .reshape(&[kvh, group * t, d])?;
-    let scores = qh.matmul(&k.permute(&[1, 2, 0])?)?; // [KVH, group · t, tk]
-    let mut scores = scores.mul_scalar(scale / cap)?.tanh()?.mul_scalar(cap)?;
-    if let Some(m) = mask {
-        scores = scores
-            .reshape(&[kvh, group, t, tk])?
-            .add(m)?
-            .reshape(&[kvh, group * t, tk])?;
-    }
-    let out = scores.softmax(-1)?.matmul(&v.permute(&[1, 0, 2])?)?; // [KVH, group · t, D]
-    out.reshape(&[h, t, d])?.permute(&[1, 0, 2])?.contiguous()
-}
-
 /// Plain causal attention of `q` `[t, H, D]` at positions `start..` over
 /// the keys and values `[tk, KVH, D]` at positions `lo..lo + tk`, with the
 /// window's band `mask` where some key falls out of a query's window.

@@ -1190,7 +1190,7 @@ impl Llama {
         }
         let m = mask.as_ref();
         Ok(match softcap {
-            Some(cap) => gemma::softcapped_attention(&q, &k, &v, m, c.attention_scale, cap)?,
+            Some(cap) => q.softcapped_attention(&k, &v, m, c.attention_scale, cap)?,
             None => gemma::windowed_attention(&q, &k, &v, m, c.attention_scale)?,
         })
     }

@@ -562,6 +562,62 @@ impl Tensor {
         crate::custom::apply_in_place(&op, &[self, &cos, &sin, &seqs.table], &mut [cache])
     }
 
+    /// Attention with tanh soft-capping of the scores (Gemma 2's), composed
+    /// from matmuls: `softmax(cap · tanh(q kᵀ · scale / cap) + mask) v`,
+    /// with `self` (q) `[t, H, D]`, `k` and `v` `[tk, KVH, D]` (query head
+    /// `h` reads KV head `h / (H / KVH)`) and an additive `mask` `[t, tk]`
+    /// (none: every key is seen). Returns `[t, H, D]`.
+    pub fn softcapped_attention(
+        &self,
+        k: &Tensor,
+        v: &Tensor,
+        mask: Option<&Tensor>,
+        scale: f32,
+        cap: f32,
+    ) -> Result<Tensor> {
+        let name = "softcapped_attention";
+        let fits = self.rank() == 3
+            && k.rank() == 3
+            && v.shape() == k.shape()
+            && k.shape()[2] == self.shape()[2]
+            && k.shape()[1] > 0
+            && self.shape()[1].is_multiple_of(k.shape()[1])
+            && mask.is_none_or(|m| m.shape() == [self.shape()[0], k.shape()[0]]);
+        if !(fits && cap > 0.0 && cap.is_finite()) {
+            return Err(Error::InvalidArgument {
+                op: name,
+                msg: format!(
+                    "q {:?}, k {:?}, v {:?}, mask {:?}, cap {cap}: q [t, H, D], k and v [tk, KVH, D] \
+                     with H a multiple of KVH, the mask [t, tk], a positive finite cap",
+                    self.shape(),
+                    k.shape(),
+                    v.shape(),
+                    mask.map(|m| m.shape().to_vec())
+                ),
+            });
+        }
+        let q = self;
+        let [t, h, d] = [q.shape()[0], q.shape()[1], q.shape()[2]];
+        let [tk, kvh] = [k.shape()[0], k.shape()[1]];
+        let group = h / kvh;
+        // [KVH, group · t, D]: the query heads of each KV head one after another
+        let qh = q
+            .permute(&[1, 0, 2])?
+            .contiguous()?
+            .reshape(&[kvh, group * t, d])?;
+        let scores = qh.matmul(&k.permute(&[1, 2, 0])?)?; // [KVH, group · t, tk]
+        let mut scores = scores.mul_scalar(scale / cap)?.tanh()?.mul_scalar(cap)?;
+        if let Some(m) = mask {
+            scores =
+                scores
+                    .reshape(&[kvh, group, t, tk])?
+                    .add(m)?
+                    .reshape(&[kvh, group * t, tk])?;
+        }
+        let out = scores.softmax(-1)?.matmul(&v.permute(&[1, 0, 2])?)?; // [KVH, group · t, D]
+        out.reshape(&[h, t, d])?.permute(&[1, 0, 2])?.contiguous()
+    }
+
     /// RMSNorm of each query head and each key head of a packed QKV tensor,
     /// before the rotation (Qwen3's and Gemma 3's head norms): `self` is
     /// `[T, q_heads + k_heads + rest, D]`; heads `0..q_heads` are normalized
@@ -677,7 +733,7 @@ impl Tensor {
                 };
                 q.attention(&k, &v, mask.as_ref(), causal)
             }
-            Some(cap) => softcapped_attention(&q, &k, &v, mask.as_ref(), opts.scale, cap),
+            Some(cap) => q.softcapped_attention(&k, &v, mask.as_ref(), opts.scale, cap),
         }
     }
 
@@ -714,36 +770,4 @@ fn window_mask(
     Tensor::from_vec(m, &[t, tk], &crate::Device::cpu())?
         .to_dtype(dtype)?
         .to_device(device)
-}
-
-/// `softmax(cap · tanh(q kᵀ · scale / cap) + mask) v` composed from
-/// matmuls, with `q` `[t, H, D]`, `k` and `v` `[tk, KVH, D]` (query head
-/// `h` reads KV head `h / (H / KVH)`) and `mask` `[t, tk]`. Returns `[t,
-/// H, D]`.
-fn softcapped_attention(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    mask: Option<&Tensor>,
-    scale: f32,
-    cap: f32,
-) -> Result<Tensor> {
-    let [t, h, d] = [q.shape()[0], q.shape()[1], q.shape()[2]];
-    let [tk, kvh] = [k.shape()[0], k.shape()[1]];
-    let group = h / kvh;
-    // [KVH, group · t, D]: the query heads of each KV head one after another
-    let qh = q
-        .permute(&[1, 0, 2])?
-        .contiguous()?
-        .reshape(&[kvh, group * t, d])?;
-    let scores = qh.matmul(&k.permute(&[1, 2, 0])?)?; // [KVH, group · t, tk]
-    let mut scores = scores.mul_scalar(scale / cap)?.tanh()?.mul_scalar(cap)?;
-    if let Some(m) = mask {
-        scores = scores
-            .reshape(&[kvh, group, t, tk])?
-            .add(m)?
-            .reshape(&[kvh, group * t, tk])?;
-    }
-    let out = scores.softmax(-1)?.matmul(&v.permute(&[1, 0, 2])?)?; // [KVH, group · t, D]
-    out.reshape(&[h, t, d])?.permute(&[1, 0, 2])?.contiguous()
 }
