@@ -31,7 +31,7 @@ impl AttentionStep {
             window: self.window,
             softcap: self.softcap,
         };
-        inputs[0].cached_attention_composed(cache, self.start, rope, self.heads, opts)
+        inputs[0].cached_attention_composed(cache, 0, self.start, rope, self.heads, opts)
     }
 }
 
@@ -102,7 +102,7 @@ impl BatchAttentionStep {
                 self.style,
             );
             let q = qkv.narrow(0, row, s.len)?;
-            outs.push(q.cached_attention_composed_at(
+            outs.push(q.cached_attention_composed(
                 cache,
                 s.base,
                 s.start,

@@ -413,6 +413,21 @@ pub fn quantize_q4_0(values: &[f32]) -> Vec<u8> {
     })
 }
 
+/// The 5-bit quants `quant(x)` of a block in Q5_0/Q5_1's layout: the
+/// fifth bits in `out[..4]` (value j's at bit j), the nibbles after them
+/// (values j and j + 16 in byte j).
+fn put_q5(x: &[f32], out: &mut [u8], quant: impl Fn(f32) -> u8) {
+    let mut qh = 0u32;
+    let (lo, hi) = x.split_at(QK / 2);
+    for (j, (&a, &b)) in lo.iter().zip(hi).enumerate() {
+        let (q0, q1) = (quant(a), quant(b));
+        out[4 + j] = (q0 & 15) | ((q1 & 15) << 4);
+        qh |= u32::from(q0 >> 4) << j;
+        qh |= u32::from(q1 >> 4) << (j + QK / 2);
+    }
+    out[..4].copy_from_slice(&qh.to_le_bytes());
+}
+
 /// Quantizes to Q5_0 (ggml's reference rounding: d = the value of largest
 /// magnitude / -16, q = min(31, trunc(x / d + 16.5)), the fifth bits in
 /// `qh`). The result is `values.len() / 32 * 22` bytes.
@@ -432,16 +447,7 @@ pub fn quantize_q5_0(values: &[f32]) -> Vec<u8> {
         let d = max / -16.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         out[..2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
-        let mut qh = 0u32;
-        let (lo, hi) = x.split_at(QK / 2);
-        for (j, (&a, &b)) in lo.iter().zip(hi).enumerate() {
-            let q0 = ((a * id + 16.5) as u8).min(31);
-            let q1 = ((b * id + 16.5) as u8).min(31);
-            out[6 + j] = (q0 & 15) | ((q1 & 15) << 4);
-            qh |= u32::from(q0 >> 4) << j;
-            qh |= u32::from(q1 >> 4) << (j + QK / 2);
-        }
-        out[2..6].copy_from_slice(&qh.to_le_bytes());
+        put_q5(x, &mut out[2..], |v| ((v * id + 16.5) as u8).min(31));
     })
 }
 
@@ -463,16 +469,7 @@ pub fn quantize_q5_1(values: &[f32]) -> Vec<u8> {
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         out[..2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
         out[2..4].copy_from_slice(&f16::from_f32(min).to_le_bytes());
-        let mut qh = 0u32;
-        let (lo, hi) = x.split_at(QK / 2);
-        for (j, (&a, &b)) in lo.iter().zip(hi).enumerate() {
-            let q0 = (((a - min) * id + 0.5) as u8).min(31);
-            let q1 = (((b - min) * id + 0.5) as u8).min(31);
-            out[8 + j] = (q0 & 15) | ((q1 & 15) << 4);
-            qh |= u32::from(q0 >> 4) << j;
-            qh |= u32::from(q1 >> 4) << (j + QK / 2);
-        }
-        out[4..8].copy_from_slice(&qh.to_le_bytes());
+        put_q5(x, &mut out[4..], |v| (((v - min) * id + 0.5) as u8).min(31));
     })
 }
 

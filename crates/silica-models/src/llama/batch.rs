@@ -49,25 +49,8 @@ impl Llama {
         let mut parts: Vec<Part> = Vec::with_capacity(steps.len());
         for (i, s) in steps.iter_mut().enumerate() {
             let t = s.ids.len();
-            if t == 0 {
-                return Err(Error::InvalidInput(format!(
-                    "sequence {i} of the batch has no token"
-                )));
-            }
-            if let Some(&bad) = s.ids.iter().find(|&&id| id as usize >= c.vocab_size) {
-                return Err(Error::InvalidInput(format!(
-                    "token id {bad} is outside the vocabulary of {} tokens",
-                    c.vocab_size
-                )));
-            }
             let start = s.cache.len;
-            if start + t > c.context_length {
-                return Err(Error::InvalidInput(format!(
-                    "{} positions exceed the model's context of {} tokens",
-                    start + t,
-                    c.context_length
-                )));
-            }
+            self.check_seq_step(i, s.ids, start)?;
             self.reserve(s.cache, start + t)?;
             let (Some(cos), Some(sin)) = (&s.cache.cos, &s.cache.sin) else {
                 unreachable!("a reserved cache has rope tables")
@@ -117,6 +100,32 @@ impl Llama {
         }
         let last: Vec<u32> = parts.iter().map(|p| (p.row + p.len - 1) as u32).collect();
         self.last_logits(&x, last)
+    }
+
+    /// That sequence `i` of a batched step brings tokens, each inside the
+    /// vocabulary, and that they fit the context after its `start`
+    /// positions.
+    fn check_seq_step(&self, i: usize, ids: &[u32], start: usize) -> Result<()> {
+        let c = &self.config;
+        if ids.is_empty() {
+            return Err(Error::InvalidInput(format!(
+                "sequence {i} of the batch has no token"
+            )));
+        }
+        if let Some(&bad) = ids.iter().find(|&&id| id as usize >= c.vocab_size) {
+            return Err(Error::InvalidInput(format!(
+                "token id {bad} is outside the vocabulary of {} tokens",
+                c.vocab_size
+            )));
+        }
+        if start + ids.len() > c.context_length {
+            return Err(Error::InvalidInput(format!(
+                "{} positions exceed the model's context of {} tokens",
+                start + ids.len(),
+                c.context_length
+            )));
+        }
+        Ok(())
     }
 
     /// The embeddings of `ids`, `[n, d]` (scaled by √d for Gemma).
@@ -233,25 +242,8 @@ impl Llama {
                 )));
             }
             let t = s.ids.len();
-            if t == 0 {
-                return Err(Error::InvalidInput(format!(
-                    "sequence {i} of the batch has no token"
-                )));
-            }
-            if let Some(&bad) = s.ids.iter().find(|&&id| id as usize >= c.vocab_size) {
-                return Err(Error::InvalidInput(format!(
-                    "token id {bad} is outside the vocabulary of {} tokens",
-                    c.vocab_size
-                )));
-            }
             let start = pool.lens[s.slot];
-            if start + t > c.context_length {
-                return Err(Error::InvalidInput(format!(
-                    "{} positions exceed the model's context of {} tokens",
-                    start + t,
-                    c.context_length
-                )));
-            }
+            self.check_seq_step(i, s.ids, start)?;
             longest = longest.max(start + t);
             positions.extend((start..start + t).map(|p| p as u32));
             ids.extend_from_slice(s.ids);

@@ -432,7 +432,7 @@ impl Tensor {
             };
             return crate::custom::apply_in_place(&step, &[self, cos, sin], &mut [cache]);
         }
-        self.cached_attention_composed(cache, start, rope, heads, opts)
+        self.cached_attention_composed(cache, 0, start, rope, heads, opts)
     }
 
     /// The checks of [`Tensor::cached_attention_with`] but the tables'.
@@ -675,24 +675,12 @@ impl Tensor {
     }
 
     /// [`Tensor::cached_attention_with`] as rope, a cache update and
-    /// attention over the keys in reach (operands already checked): a
-    /// window that hides keys from some query, or soft-capping, needs a
-    /// mask of several queries and, with soft-capping, the scores
-    /// composed from matmuls.
+    /// attention over the keys in reach (operands already checked), for a
+    /// sequence whose position 0 is the cache's row `base`: a window that
+    /// hides keys from some query, or soft-capping, needs a mask of
+    /// several queries and, with soft-capping, the scores composed from
+    /// matmuls.
     pub(crate) fn cached_attention_composed(
-        &self,
-        cache: &mut Tensor,
-        start: usize,
-        rope: (&Tensor, &Tensor, RopeStyle),
-        heads: usize,
-        opts: CachedAttentionOpts,
-    ) -> Result<Tensor> {
-        self.cached_attention_composed_at(cache, 0, start, rope, heads, opts)
-    }
-
-    /// [`Tensor::cached_attention_composed`] of a sequence whose position
-    /// 0 is the cache's row `base`.
-    pub(crate) fn cached_attention_composed_at(
         &self,
         cache: &mut Tensor,
         base: usize,
