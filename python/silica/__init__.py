@@ -31,6 +31,7 @@ from ._silica import (
     rand,
     randn,
     rope_tables,
+    save_pipeline_caches,
     set_default_device,
     stack,
     tensor,
@@ -39,6 +40,11 @@ from ._silica import (
     zeros,
 )
 from ._silica import _open_private_gpu  # test hook: a GPU device of its own
+
+import atexit as _atexit
+
+# the next process finds the kernels this one built (Vulkan; nothing on the CPU)
+_atexit.register(save_pipeline_caches)
 
 # dtype names (silica's dtypes are these strings)
 float32 = "f32"

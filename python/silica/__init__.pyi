@@ -123,6 +123,13 @@ def devices() -> list[Device]:
     """The CPU and every GPU adapter, ranked best first (software adapters
     such as lavapipe last). Nothing is opened."""
 
+def save_pipeline_caches() -> list[str]:
+    """Saves the compiled GPU pipelines of the devices this process opened
+    under the cache folder (``SILICA_CACHE``; Vulkan only), so that the next
+    process finds its kernels built; the package calls it at exit. Returns
+    the files written. ``SILICA_NO_PIPELINE_CACHE=1`` turns the cache off."""
+    ...
+
 def device_count() -> int:
     """The number of GPU adapters (software ones included)."""
 

@@ -374,6 +374,17 @@ pub fn device_count(py: Python<'_>) -> usize {
     py.detach(silica::device_count)
 }
 
+/// Saves the compiled GPU pipelines of the devices this process opened,
+/// so that the next process finds its kernels built (the package calls it
+/// at exit): the files written.
+#[pyfunction]
+pub fn save_pipeline_caches(py: Python<'_>) -> Vec<String> {
+    py.detach(silica::save_pipeline_caches)
+        .into_iter()
+        .map(|p| p.display().to_string())
+        .collect()
+}
+
 /// The device used where none is given: the one `set_default_device`
 /// chose, else `SILICA_DEVICE`, else the best hardware GPU, else the CPU.
 #[pyfunction]

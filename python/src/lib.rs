@@ -33,6 +33,7 @@ fn _silica(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(probe::train_probe, m)?)?;
     m.add_function(wrap_pyfunction!(device::devices, m)?)?;
     m.add_function(wrap_pyfunction!(device::device_count, m)?)?;
+    m.add_function(wrap_pyfunction!(device::save_pipeline_caches, m)?)?;
     m.add_function(wrap_pyfunction!(device::default_device, m)?)?;
     m.add_function(wrap_pyfunction!(device::set_default_device, m)?)?;
     m.add_function(wrap_pyfunction!(device::_open_private_gpu, m)?)?;

@@ -149,3 +149,18 @@ def test_lost_device_raises_device_lost_error(gpu):
         x.numpy()
     # the shared device of that adapter is untouched
     assert silica.ones(2, device=gpu).numpy().tolist() == [1.0, 1.0]
+
+
+def test_pipelines_are_saved_at_exit(gpu, tmp_path):
+    # a process that built kernels on a Vulkan device leaves them in the cache folder
+    code = (
+        "import silica\n"
+        "x = silica.tensor([1.0, 2.0, 3.0], device='gpu:0')\n"
+        "print(x.softmax(-1).sum().item() > 0.99, silica.Device('gpu:0').backend)\n"
+    )
+    out = run_python(code, SILICA_CACHE=str(tmp_path))
+    assert out.startswith("True"), out
+    if not out.endswith("vulkan"):
+        pytest.skip("only Vulkan keeps an application pipeline cache")
+    files = list((tmp_path / "pipelines").iterdir())
+    assert len(files) == 1 and files[0].read_bytes().startswith(b"SILICAPC"), files

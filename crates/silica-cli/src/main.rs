@@ -99,7 +99,10 @@ fn main() -> ExitCode {
         Err(e) => return usage_error(&e),
     };
     install_panic_hook();
-    match panic::catch_unwind(AssertUnwindSafe(|| run(cli))) {
+    let result = panic::catch_unwind(AssertUnwindSafe(|| run(cli)));
+    // the next process finds the kernels this one built (a no-op on the CPU)
+    silica::save_pipeline_caches();
+    match result {
         Ok(Ok(())) => ExitCode::SUCCESS,
         Ok(Err(CliError(msg))) => {
             eprintln!("error: {}", one_line(&msg));

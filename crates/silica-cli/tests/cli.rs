@@ -77,3 +77,63 @@ fn unknown_device_is_a_one_line_error_with_status_2() {
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert!(!stderr.contains("backtrace"), "{stderr}");
 }
+
+/// A GPU run leaves its compiled pipelines under the cache folder (Vulkan),
+/// and the next run reads them; a corrupt file is a warning, never an
+/// error, and is replaced by a valid one.
+#[test]
+fn pipeline_cache_is_saved_and_a_corrupt_one_is_ignored() {
+    let dir = std::env::temp_dir().join(format!("silica-cli-pc-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let run = || {
+        Command::new(env!("CARGO_BIN_EXE_silica"))
+            .args(["bench", "--device", "gpu", "--filter", "softmax 1x4096"])
+            .args(["--seconds", "0.01"])
+            .env("SILICA_CACHE", &dir)
+            .env_remove("SILICA_DEVICE")
+            .env_remove("SILICA_NO_PIPELINE_CACHE")
+            .env_remove("RUST_LOG")
+            .output()
+            .expect("the silica binary runs")
+    };
+    let out = run();
+    if !out.status.success() {
+        assert!(
+            std::env::var("SILICA_REQUIRE_GPU").as_deref() != Ok("1"),
+            "SILICA_REQUIRE_GPU=1 but the GPU run failed: {out:?}"
+        );
+        return; // no GPU here
+    }
+    if !text(&out.stdout).contains(", vulkan)") {
+        return; // only Vulkan keeps an application pipeline cache
+    }
+    let files: Vec<_> = std::fs::read_dir(dir.join("pipelines"))
+        .expect("the pipeline folder exists")
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let file = &files[0];
+    let valid = std::fs::read(file).unwrap();
+    assert!(valid.starts_with(b"SILICAPC"), "{valid:?}");
+
+    // flip the last byte: the checksum no longer matches
+    let mut corrupt = valid.clone();
+    *corrupt.last_mut().unwrap() ^= 0x55;
+    std::fs::write(file, &corrupt).unwrap();
+    let out = run();
+    assert!(out.status.success(), "{out:?}");
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("pipeline cache") && stderr.contains("corrupt"),
+        "no warning:\n{stderr}"
+    );
+    let rewritten = std::fs::read(file).unwrap();
+    assert!(rewritten.starts_with(b"SILICAPC") && rewritten != corrupt);
+
+    // a file of another program
+    std::fs::write(file, b"not a cache").unwrap();
+    let out = run();
+    assert!(out.status.success(), "{out:?}");
+    assert!(text(&out.stderr).contains("not a silica pipeline cache"));
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -50,6 +50,10 @@ pub struct GpuOptions {
     pub check: bool,
     /// Every dispatch is timed from the start. `SILICA_PROFILE=1`.
     pub profile: bool,
+    /// The driver's compiled pipelines are kept under
+    /// [`cache_dir`]`/pipelines` where the backend allows it (Vulkan), and
+    /// reused by the next process. `SILICA_NO_PIPELINE_CACHE=1` turns it off.
+    pub pipeline_cache: bool,
 }
 
 impl Default for GpuOptions {
@@ -64,6 +68,7 @@ impl Default for GpuOptions {
             strict: false,
             check: false,
             profile: false,
+            pipeline_cache: true,
         }
     }
 }
@@ -95,6 +100,7 @@ impl GpuOptions {
             strict: on("SILICA_STRICT"),
             check: on("SILICA_CHECK"),
             profile: on("SILICA_PROFILE"),
+            pipeline_cache: !on("SILICA_NO_PIPELINE_CACHE"),
         }
     }
 }
@@ -106,6 +112,21 @@ fn flag(v: &str) -> bool {
         v.trim().to_ascii_lowercase().as_str(),
         "" | "0" | "false" | "off"
     )
+}
+
+/// silica's cache folder: `$SILICA_CACHE`, else `$XDG_CACHE_HOME/silica`,
+/// else `~/.cache/silica` (models, pipeline caches).
+pub fn cache_dir() -> std::path::PathBuf {
+    use std::path::PathBuf;
+    let var = |v: &str| std::env::var_os(v).filter(|d| !d.is_empty());
+    if let Some(d) = var("SILICA_CACHE") {
+        return PathBuf::from(d);
+    }
+    if let Some(d) = var("XDG_CACHE_HOME") {
+        return PathBuf::from(d).join("silica");
+    }
+    let home = var("HOME").map_or_else(|| PathBuf::from("."), PathBuf::from);
+    home.join(".cache").join("silica")
 }
 
 /// `SILICA_DEVICE`, when set and not blank: the default device's selector.
@@ -180,6 +201,7 @@ mod tests {
             ("SILICA_STRICT", "1"),
             ("SILICA_CHECK", "on"),
             ("SILICA_PROFILE", "1"),
+            ("SILICA_NO_PIPELINE_CACHE", "1"),
         ]);
         let want = GpuOptions {
             cooperative_matrix: false,
@@ -191,6 +213,7 @@ mod tests {
             strict: true,
             check: true,
             profile: true,
+            pipeline_cache: false,
         };
         assert_eq!(o, want);
         assert_eq!(

@@ -96,8 +96,27 @@ struct Registry {
     opened: Mutex<HashMap<usize, Arc<GpuDevice>>>,
 }
 
+/// Saves the compiled pipelines of every GPU device this process opened
+/// through [`Device::gpu`] or a selector, so that the next process finds
+/// its kernels built: the files written. Tools call it before they exit
+/// (and a server once it has warmed up); a failure is a warning.
+pub fn save_pipeline_caches() -> Vec<std::path::PathBuf> {
+    let Some(reg) = REGISTRY.get() else {
+        return Vec::new();
+    };
+    let opened: Vec<Arc<GpuDevice>> = (reg.opened.lock().unwrap_or_else(|e| e.into_inner()))
+        .values()
+        .cloned()
+        .collect();
+    opened
+        .iter()
+        .filter_map(|g| g.save_pipeline_cache())
+        .collect()
+}
+
+static REGISTRY: OnceLock<Registry> = OnceLock::new();
+
 fn registry() -> &'static Registry {
-    static REGISTRY: OnceLock<Registry> = OnceLock::new();
     REGISTRY.get_or_init(|| {
         let mut backends = wgpu::Backends::from_env().unwrap_or(wgpu::Backends::all());
         if !crate::config::probe_gl() {
@@ -456,6 +475,15 @@ impl Device {
         match self {
             Device::Cpu => Ok(()),
             Device::Gpu(g) => g.build_kernels_only(f),
+        }
+    }
+
+    /// Saves this device's compiled pipelines for the next process (see
+    /// [`GpuDevice::save_pipeline_cache`]); nothing on the CPU.
+    pub fn save_pipeline_cache(&self) -> Option<std::path::PathBuf> {
+        match self {
+            Device::Cpu => None,
+            Device::Gpu(g) => g.save_pipeline_cache(),
         }
     }
 

@@ -42,7 +42,7 @@ pub use backend::gpu::{FallbackCount, GpuDevice, GpuFeatures, KernelNeeds, Kerne
 pub use config::GpuOptions;
 pub use device::{
     BackendKind, Device, DeviceInfo, Selector, adapters, default_gpu_index, device_count,
-    is_available,
+    is_available, save_pipeline_caches,
 };
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};

@@ -183,6 +183,8 @@ async fn serve(args: &ServeArgs, addr: SocketAddr, dtype: DType) -> Result<(), C
                     l.context,
                     l.encoder.as_ref().map(|e| format!(", embeddings: {}", e.0)).unwrap_or_default()
                 );
+                // kernels built while loading are there for a restarted replica
+                tokio::task::spawn_blocking(silica::save_pipeline_caches);
             }
             Ok(Err(e)) => return Err(e),
             Err(_) => return Err(CliError::msg("internal error: the model loader stopped".into())),

@@ -33,16 +33,7 @@ pub use hub::{DEFAULT_ENDPOINT, HubOptions, hf_cache_dir, hf_snapshot_in, is_hf_
 /// silica's cache folder: `$SILICA_CACHE`, else `$XDG_CACHE_HOME/silica`,
 /// else `~/.cache/silica`.
 pub fn cache_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("SILICA_CACHE").filter(|d| !d.is_empty()) {
-        return PathBuf::from(d);
-    }
-    if let Some(d) = std::env::var_os("XDG_CACHE_HOME").filter(|d| !d.is_empty()) {
-        return PathBuf::from(d).join("silica");
-    }
-    let home = std::env::var_os("HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("."));
-    home.join(".cache").join("silica")
+    silica::config::cache_dir()
 }
 
 /// Whether downloads are forbidden (`HF_HUB_OFFLINE=1` or `SILICA_OFFLINE=1`).

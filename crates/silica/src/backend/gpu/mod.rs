@@ -160,6 +160,15 @@ impl GpuDevice {
         self.ctx.synchronize()
     }
 
+    /// Saves the driver's compiled pipelines to the cache folder if any
+    /// were built since the last save (Vulkan; see
+    /// [`GpuOptions::pipeline_cache`](crate::GpuOptions::pipeline_cache)):
+    /// the file written, or `None`. A failure to write is a warning, never
+    /// an error.
+    pub fn save_pipeline_cache(&self) -> Option<std::path::PathBuf> {
+        self.ctx.save_pipeline_cache()
+    }
+
     /// See [`crate::Device::build_kernels_only`].
     pub fn build_kernels_only<R>(&self, f: impl FnOnce() -> R) -> R {
         runtime::kernels_only(f)

@@ -5,6 +5,7 @@
 //! profiling (`profiling`). [`Context`] ties them to one wgpu device, with
 //! its device-lost and error state.
 
+mod disk_cache;
 mod features;
 mod pipelines;
 mod profiling;
@@ -28,6 +29,7 @@ pub use profiling::KernelTime;
 pub(crate) use submission::kernels_only;
 pub(crate) use transfers::PendingBytes;
 
+use disk_cache::DiskCache;
 use pipelines::{LayoutKey, ModuleMap, PipelineKey};
 use profiling::{ProfileMap, Timing};
 use submission::{Pending, building_only};
@@ -54,6 +56,8 @@ pub(crate) struct Context {
     /// parses them at device open (see [`Context::parse_in_background`]).
     modules: Arc<Mutex<ModuleMap>>,
     pipelines: Mutex<HashMap<PipelineKey, wgpu::ComputePipeline>>,
+    /// The driver's compiled pipelines, saved between processes.
+    disk_cache: Option<DiskCache>,
     layouts: Mutex<HashMap<LayoutKey, (wgpu::BindGroupLayout, wgpu::PipelineLayout)>>,
     pending: Mutex<Pending>,
     lost: Arc<Mutex<Option<String>>>,
@@ -92,6 +96,9 @@ impl Context {
         }
         if features.immediate_bytes > 0 {
             wanted |= wgpu::Features::IMMEDIATES;
+        }
+        if opts.pipeline_cache {
+            wanted |= wgpu::Features::PIPELINE_CACHE;
         }
         let mut limits = adapter.limits();
         limits.max_immediate_size = features.immediate_bytes;
@@ -146,6 +153,12 @@ impl Context {
                 .min(limits.max_buffer_size),
             features.mapped_buffers,
         ));
+        let disk_cache = if opts.pipeline_cache {
+            let dir = crate::config::cache_dir().join("pipelines");
+            DiskCache::open(&device, &adapter.get_info(), &dir)
+        } else {
+            None
+        };
         Ok(Self {
             device,
             queue,
@@ -157,6 +170,7 @@ impl Context {
             workgroup_memory: limits.max_compute_workgroup_storage_size,
             modules: Arc::new(Mutex::new(HashMap::new())),
             pipelines: Mutex::new(HashMap::new()),
+            disk_cache,
             layouts: Mutex::new(HashMap::new()),
             pending: Mutex::new(Pending {
                 pass: None,
@@ -177,6 +191,20 @@ impl Context {
             profile: Mutex::new(BTreeMap::new()),
             features,
         })
+    }
+
+    /// Saves the driver's compiled pipelines if any were built since the
+    /// last save: the file written, or `None`.
+    pub fn save_pipeline_cache(&self) -> Option<std::path::PathBuf> {
+        let cache = self.disk_cache.as_ref()?;
+        match cache.save() {
+            Ok(true) => Some(cache.path().to_path_buf()),
+            Ok(false) => None,
+            Err(e) => {
+                tracing::warn!("pipeline cache {} not saved: {e}", cache.path().display());
+                None
+            }
+        }
     }
 
     /// Destroys the wgpu device, as a driver reset would (test hook).

@@ -311,10 +311,13 @@ impl Context {
                     constants,
                     zero_initialize_workgroup_memory: false,
                 },
-                cache: None,
+                cache: self.disk_cache.as_ref().map(|c| &c.cache),
             });
         if let Some(e) = pollster::block_on(scope.pop()) {
             return Err(self.gpu_err(format!("kernel {} failed to build: {e}", kernel.name)));
+        }
+        if let Some(c) = &self.disk_cache {
+            c.touch();
         }
         tracing::debug!(
             target: "silica::pipelines",
