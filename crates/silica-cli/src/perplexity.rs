@@ -11,7 +11,8 @@ use silica::Device;
 use silica_models::gguf::GgufFile;
 use silica_models::llama::{Llama, LoadOptions};
 use silica_models::perplexity::{
-    self, DEFAULT_CTX, KlStats, LogitsHeader, LogitsReader, LogitsWriter, Mode, Progress, Windows,
+    self, DEFAULT_CTX, KlStats, LogitsHeader, LogitsReader, LogitsWriter, Mode, Pass, Progress,
+    Windows,
 };
 use silica_models::resolve;
 use silica_models::tokenizer::Tokenizer;
@@ -73,6 +74,12 @@ pub struct PerplexityArgs {
     /// rounds them to 8 bits (as SILICA_CPU_INT8=0 and SILICA_INTEGER_GEMV=0).
     #[arg(long)]
     exact: bool,
+    /// Score each position as a decode step of one token after the
+    /// window's unscored prefix, as generation computes it, instead of the
+    /// whole window as one prompt (slower; on a GPU the decode products
+    /// round activations where the prompt's do not).
+    #[arg(long)]
+    decode: bool,
 }
 
 /// The text of `path` ("-": standard input), which must not be blank.
@@ -145,7 +152,12 @@ pub fn run(args: &PerplexityArgs) -> Result<(), CliError> {
     } else {
         "exact products"
     };
-    let weights = if args.dequantize { ", dequantized" } else { "" };
+    let weights = match (args.dequantize, args.decode) {
+        (true, true) => ", dequantized, decode steps",
+        (true, false) => ", dequantized",
+        (false, true) => ", decode steps",
+        (false, false) => "",
+    };
     let description = format!(
         "{model_name} ({}), {device}, {}{weights}, {products}",
         path.file_name()
@@ -265,7 +277,12 @@ pub fn run(args: &PerplexityArgs) -> Result<(), CliError> {
         };
         let _ = emit(&line);
     };
-    let eval = perplexity::evaluate(&model, &tokens, &windows, bos, mode, on_window)?;
+    let pass = if args.decode {
+        Pass::Decode
+    } else {
+        Pass::Prompt
+    };
+    let eval = perplexity::evaluate_by(&model, &tokens, &windows, bos, pass, mode, on_window)?;
     emit("\n")?;
     match &eval.kl {
         Some(kl) => emit(&kl.summary().report())?,

@@ -414,3 +414,41 @@ fn llama_cpp_files_are_written_and_read() {
     assert!(err.contains("scale"), "{err}");
     let _ = std::fs::remove_file(&path);
 }
+
+/// Scoring each position as a decode step gives the prompt pass's
+/// distributions: the same products on the CPU, within the decode
+/// products' 8-bit rounding on a GPU.
+#[test]
+fn decode_steps_score_as_the_prompt_does() {
+    let file = model_file("decode");
+    let t = tokens(100, 9);
+    let w = Windows::chunks(t.len(), CTX, Some(2)).unwrap();
+    let cpu = load(&file, &Device::cpu(), DType::F32);
+    let path = tmp("decode.base");
+    let base = save(&cpu, &t, &w, &path);
+    let by_steps = |model: &Llama| {
+        let mut r = LogitsReader::open(&path).unwrap();
+        perplexity::evaluate_by(
+            model,
+            &t,
+            &w,
+            Some(1),
+            perplexity::Pass::Decode,
+            Mode::Compare(&mut r),
+            |_| {},
+        )
+        .unwrap()
+    };
+    let e = by_steps(&cpu);
+    assert_eq!(e.nll.count, base.nll.count);
+    let kl = e.kl.unwrap().summary();
+    assert!(kl.kld.0 < 1e-6, "CPU: {kl:?}");
+    assert_eq!(kl.same_top.0, 1.0, "{kl:?}");
+    for i in 0..silica::adapters().len() {
+        let gpu = load(&file, &Device::gpu(i).unwrap(), DType::F32);
+        let e = by_steps(&gpu);
+        let kl = e.kl.unwrap().summary();
+        assert!(kl.kld.0 < 1e-2, "gpu:{i}: {kl:?}");
+        assert!((e.nll.mean() - base.nll.mean()).abs() < 0.05, "gpu:{i}");
+    }
+}

@@ -154,6 +154,19 @@ pub struct Evaluation {
     pub kl: Option<KlStats>,
 }
 
+/// How a window's scored positions are computed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Pass {
+    /// The whole window in one forward, as a prompt is processed.
+    #[default]
+    Prompt,
+    /// The positions before the first scored one as a prompt, then each
+    /// scored position as a decode step of one token, as generation
+    /// computes them (a device's decode products may differ from its
+    /// prompt products, e.g. in how they round activations).
+    Decode,
+}
+
 /// Evaluates `model` on each of `windows` over `tokens` (each from an empty
 /// cache, its first token replaced by `bos`), scores the positions the
 /// windows score and, by `mode`, saves or compares their log-probabilities;
@@ -164,6 +177,47 @@ pub fn evaluate(
     tokens: &[u32],
     windows: &Windows,
     bos: Option<u32>,
+    mode: Mode<'_>,
+    progress: impl FnMut(&Progress<'_>),
+) -> Result<Evaluation> {
+    evaluate_by(model, tokens, windows, bos, Pass::Prompt, mode, progress)
+}
+
+/// The scored rows' logits `[scored, vocab]` of window `ids`.
+fn window_logits(
+    model: &Llama,
+    ids: &[u32],
+    first: usize,
+    scored: usize,
+    pass: Pass,
+) -> Result<Vec<f32>> {
+    let mut cache = model.new_cache();
+    match pass {
+        Pass::Prompt => Ok(model
+            .forward(ids, &mut cache, false)?
+            .narrow(0, first, scored)?
+            .to_vec::<f32>()?),
+        Pass::Decode => {
+            if first > 0 {
+                model.forward(&ids[..first], &mut cache, true)?;
+            }
+            let mut rows = Vec::with_capacity(scored * model.config.vocab_size);
+            for id in &ids[first..first + scored] {
+                let row = model.forward(std::slice::from_ref(id), &mut cache, true)?;
+                rows.extend(row.to_vec::<f32>()?);
+            }
+            Ok(rows)
+        }
+    }
+}
+
+/// [`evaluate`], with the scored positions computed by `pass`.
+pub fn evaluate_by(
+    model: &Llama,
+    tokens: &[u32],
+    windows: &Windows,
+    bos: Option<u32>,
+    pass: Pass,
     mut mode: Mode<'_>,
     mut progress: impl FnMut(&Progress<'_>),
 ) -> Result<Evaluation> {
@@ -235,12 +289,7 @@ pub fn evaluate(
         let start = Instant::now();
         let ids = windows.window(tokens, i, bos);
         let targets = windows.targets(tokens, i);
-        let mut cache = model.new_cache();
-        let logits = model
-            .forward(&ids, &mut cache, false)?
-            .narrow(0, windows.first, scored)?
-            .to_vec::<f32>()?;
-        drop(cache);
+        let logits = window_logits(model, &ids, windows.first, scored, pass)?;
         if logits.len() != scored * vocab {
             return Err(Error::InvalidInput(format!(
                 "window {}: {} logits where {scored} rows of {vocab} were expected",
