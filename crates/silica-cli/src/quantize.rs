@@ -50,7 +50,7 @@ pub struct QuantizeArgs {
     ty: String,
     /// Write a random-weight model of this shape instead of converting a
     /// file: a real model's (smollm2-135m, llama-1b, llama-3b, llama-8b,
-    /// qwen3-0.6b, gemma3-270m, phi3-mini, phi4-mini) or a tiny one of the
+    /// qwen3-0.6b, gemma2-2b, gemma3-270m, phi3-mini, phi4-mini) or a tiny one of the
     /// architecture tests (tiny-llama3, tiny-yarn, tiny-qwen3, tiny-gemma3,
     /// tiny-gemma2, tiny-phi3, tiny-phi4).
     #[arg(long, value_name = "NAME")]

@@ -154,7 +154,7 @@ impl Shape {
 
 /// The shapes `--synthetic` knows: real models' (from their
 /// `config.json`), then the tiny ones of the architecture tests.
-const SHAPES: [Shape; 15] = [
+const SHAPES: [Shape; 16] = [
     Shape::real(
         "smollm2-135m",
         [576, 30, 9, 3, 1536],
@@ -269,6 +269,26 @@ const SHAPES: [Shape; 15] = [
             262_144,
             32_768,
             1e6,
+            true,
+        )
+    },
+    // Gemma 2 2B: 26 layers of 2,304, 8 heads of 256 over 4 KV heads,
+    // every other layer local with a window of 4,096, both soft-caps
+    Shape {
+        arch: "gemma2",
+        head_dim: 256,
+        rms_eps: 1e-6,
+        gemma: Some(GemmaShape {
+            sliding_window: 4096,
+            pattern: 0,
+            softcaps: Some((50.0, 30.0)),
+        }),
+        ..Shape::real(
+            "gemma2-2b",
+            [2304, 26, 8, 4, 9216],
+            256_000,
+            8192,
+            1e4,
             true,
         )
     },
