@@ -81,8 +81,9 @@ pub struct GenerateArgs {
     /// Repeat for several adapters at once.
     #[arg(long, value_name = "PATH[:SCALE]", value_parser = parse_lora)]
     lora: Vec<(PathBuf, f32)>,
-    /// Time every GPU kernel of the decode (timestamp queries; also
-    /// SILICA_PROFILE=1) and print a table per generated token to stderr.
+    /// Time every GPU kernel (timestamp queries; also SILICA_PROFILE=1) and
+    /// print to stderr a timeline of the first token (load, kernel builds,
+    /// the prompt's GPU time) and a table per generated token.
     /// Profiling slows decoding: the speed to quote is the one without it.
     #[arg(long)]
     profile: bool,
@@ -305,12 +306,18 @@ pub fn run(args: &GenerateArgs) -> Result<(), CliError> {
             adapter.weights().count()
         );
     }
-    // --profile covers the decode: off during the prefill (SILICA_PROFILE=1
-    // turned it on with the device), on from the first piece of text
+    // --profile times the prefill's kernels up to the first piece of text,
+    // then the decode's
     let profile = args.profile || silica::GpuOptions::from_env().profile;
     let profiling = profile && device.info().timestamps;
+    let loaded = Loaded {
+        seconds: load_start.elapsed().as_secs_f64(),
+        builds: device.pipeline_builds(),
+        memory: device.memory_stats().allocated,
+    };
     if profile {
-        device.set_profiling(false);
+        device.set_profiling(profiling);
+        device.reset_profile();
         if let Device::Gpu(g) = &device {
             g.set_profile_batches(args.profile_batches);
         }
@@ -332,7 +339,9 @@ pub fn run(args: &GenerateArgs) -> Result<(), CliError> {
         seed: args.seed,
     });
     let mut decode_start: Option<Instant> = None;
+    let mut prefill: Option<PrefillProfile> = None;
     device.reset_peak_memory();
+    let prompt_start = Instant::now();
     let stats = silica_models::generate::generate(
         &model,
         &tokenizer,
@@ -345,6 +354,12 @@ pub fn run(args: &GenerateArgs) -> Result<(), CliError> {
         |piece| {
             if profiling && decode_start.is_none() {
                 // the prefill's work has finished: its logits were read back
+                prefill = Some(PrefillProfile {
+                    wall: prompt_start.elapsed(),
+                    builds: device.pipeline_builds(),
+                    kernels: device.profile_report(),
+                    peak_memory: device.memory_stats().peak_allocated,
+                });
                 device.reset_profile();
                 device.set_profiling(true);
                 decode_start = Some(Instant::now());
@@ -381,6 +396,9 @@ pub fn run(args: &GenerateArgs) -> Result<(), CliError> {
             stats.stop_reason.to_string()
         }
     );
+    if let Some(p) = &prefill {
+        print_prefill_timeline(&device, &loaded, p, stats.prompt_tokens);
+    }
     if let Some(wall) = decode_wall {
         device.synchronize()?;
         device.set_profiling(false);
@@ -388,6 +406,79 @@ pub fn run(args: &GenerateArgs) -> Result<(), CliError> {
         print_profile(&device, steps, wall);
     }
     Ok(())
+}
+
+/// The model as loaded: when, kernels built by then, device memory held.
+struct Loaded {
+    seconds: f64,
+    builds: (u64, Duration),
+    memory: u64,
+}
+
+/// What --profile saw of the prompt, up to the first piece of text.
+struct PrefillProfile {
+    wall: Duration,
+    builds: (u64, Duration),
+    kernels: Vec<silica::KernelTime>,
+    peak_memory: u64,
+}
+
+/// The --profile timeline of the first token: load, then the prompt's
+/// wall time split into kernel builds, GPU busy time and the rest, then
+/// the prompt's kernels by GPU time.
+fn print_prefill_timeline(device: &Device, loaded: &Loaded, p: &PrefillProfile, tokens: usize) {
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    let busy: f64 = p.kernels.iter().map(|k| k.seconds).sum();
+    let dispatches: u64 = p.kernels.iter().map(|k| k.dispatches).sum();
+    let built = p.builds.0 - loaded.builds.0;
+    let build_time = p.builds.1.saturating_sub(loaded.builds.1);
+    eprintln!(
+        "
+Timeline of the first token on {device}:"
+    );
+    eprintln!(
+        "  model loaded          {:>9.1} ms  ({} kernels built by then in {:.1} ms; {:.0} MiB on the device)",
+        loaded.seconds * 1e3,
+        loaded.builds.0,
+        ms(loaded.builds.1),
+        mib(loaded.memory)
+    );
+    eprintln!(
+        "  prompt of {tokens:>5} tokens {:>9.1} ms  until its first token was read back, of which:",
+        ms(p.wall)
+    );
+    eprintln!(
+        "    kernels built       {:>9.1} ms  ({built} kernels, on any thread: the decode's are built beside the prompt)",
+        ms(build_time)
+    );
+    eprintln!(
+        "    GPU busy (kernels)  {:>9.1} ms  ({dispatches} dispatches)",
+        busy * 1e3
+    );
+    eprintln!(
+        "    the rest            {:>9.1} ms  (recording, uploads, submission, read-back, waiting)",
+        (ms(p.wall) - busy * 1e3 - ms(build_time)).max(0.0)
+    );
+    eprintln!(
+        "  peak device memory    {:>9.0} MiB during the prompt",
+        mib(p.peak_memory)
+    );
+    let mut kernels: Vec<_> = p.kernels.iter().collect();
+    kernels.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
+    const SHOWN: usize = 10;
+    eprintln!("  the prompt's kernels by GPU time:");
+    for k in kernels.iter().take(SHOWN) {
+        eprintln!(
+            "    {:<28} {:>6} dispatches {:>9.1} µs",
+            k.name,
+            k.dispatches,
+            k.seconds * 1e6
+        );
+    }
+    if kernels.len() > SHOWN {
+        eprintln!("    ({} more kernels)", kernels.len() - SHOWN);
+    }
 }
 
 /// The forward passes run after the first piece of text was emitted, which

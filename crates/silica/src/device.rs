@@ -487,6 +487,15 @@ impl Device {
         }
     }
 
+    /// Kernels built on this device so far and the time spent building
+    /// them (see [`GpuDevice::pipeline_builds`]); none on the CPU.
+    pub fn pipeline_builds(&self) -> (u64, std::time::Duration) {
+        match self {
+            Device::Cpu => (0, std::time::Duration::ZERO),
+            Device::Gpu(g) => g.pipeline_builds(),
+        }
+    }
+
     /// True when both handles are the same device.
     pub fn same(&self, other: &Device) -> bool {
         match (self, other) {

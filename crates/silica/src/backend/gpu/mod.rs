@@ -169,6 +169,13 @@ impl GpuDevice {
         self.ctx.save_pipeline_cache()
     }
 
+    /// Kernels (pipelines) built on this device so far, by any thread, and
+    /// the time spent building them: WGSL parsing where it was not done
+    /// ahead, translation and the driver's compilation (or its cache).
+    pub fn pipeline_builds(&self) -> (u64, std::time::Duration) {
+        self.ctx.pipeline_builds()
+    }
+
     /// See [`crate::Device::build_kernels_only`].
     pub fn build_kernels_only<R>(&self, f: impl FnOnce() -> R) -> R {
         runtime::kernels_only(f)

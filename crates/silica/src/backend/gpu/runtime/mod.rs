@@ -58,6 +58,9 @@ pub(crate) struct Context {
     pipelines: Mutex<HashMap<PipelineKey, wgpu::ComputePipeline>>,
     /// The driver's compiled pipelines, saved between processes.
     disk_cache: Option<DiskCache>,
+    /// Pipelines built so far, and the nanoseconds spent building them
+    /// (WGSL parsing included where it happened on the building thread).
+    builds: (std::sync::atomic::AtomicU64, std::sync::atomic::AtomicU64),
     layouts: Mutex<HashMap<LayoutKey, (wgpu::BindGroupLayout, wgpu::PipelineLayout)>>,
     pending: Mutex<Pending>,
     lost: Arc<Mutex<Option<String>>>,
@@ -171,6 +174,7 @@ impl Context {
             modules: Arc::new(Mutex::new(HashMap::new())),
             pipelines: Mutex::new(HashMap::new()),
             disk_cache,
+            builds: Default::default(),
             layouts: Mutex::new(HashMap::new()),
             pending: Mutex::new(Pending {
                 pass: None,
@@ -205,6 +209,15 @@ impl Context {
                 None
             }
         }
+    }
+
+    /// Pipelines built so far and the time spent building them.
+    pub fn pipeline_builds(&self) -> (u64, std::time::Duration) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (
+            self.builds.0.load(Relaxed),
+            std::time::Duration::from_nanos(self.builds.1.load(Relaxed)),
+        )
     }
 
     /// Destroys the wgpu device, as a driver reset would (test hook).

@@ -319,6 +319,12 @@ impl Context {
         if let Some(c) = &self.disk_cache {
             c.touch();
         }
+        {
+            use std::sync::atomic::Ordering::Relaxed;
+            self.builds.0.fetch_add(1, Relaxed);
+            let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            self.builds.1.fetch_add(nanos, Relaxed);
+        }
         tracing::debug!(
             target: "silica::pipelines",
             kernel = kernel.name,
