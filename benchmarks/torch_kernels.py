@@ -41,6 +41,15 @@ def build(kind, dtype, dev):
         ws = [w] + [w.clone() for _ in range(-(-COLD_BYTES // size) - 1)] if kind.get("cold") else [w]
         it = itertools.cycle(ws)
         return lambda: F.linear(a, next(it))
+    if op == "Lora":
+        # the dense product plus the low-rank update, the scale folded into B
+        n, k, r = kind["n"], kind["k"], kind["rank"]
+        x, w = rnd(kind["m"], k), rnd(n, k)
+        a, b = rnd(r, k), rnd(n, r) * 0.5
+        size = n * k * w.element_size()
+        ws = [w] + [w.clone() for _ in range(-(-COLD_BYTES // size) - 1)] if kind.get("cold") else [w]
+        it = itertools.cycle(ws)
+        return lambda: F.linear(x, next(it)) + F.linear(F.linear(x, a), b)
     if op == "QChain":
         # a chain of products through distinct dense weights, per product
         n, layers = kind["n"], kind["layers"]

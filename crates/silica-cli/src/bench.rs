@@ -21,7 +21,7 @@
 use std::fmt::Write as _;
 use std::time::Instant;
 
-use silica::{AttentionOpts, DType, Device, QTensor, QuantFormat, RopeStyle, Tensor};
+use silica::{AttentionOpts, DType, Device, QFuse, QTensor, QuantFormat, RopeStyle, Tensor};
 
 use crate::{CliError, emit};
 
@@ -111,6 +111,18 @@ enum Kind {
         format: QuantFormat,
         n: usize,
         layers: usize,
+    },
+    /// A LoRA adapter's product `x @ wᵀ + (x @ aᵀ) @ bᵀ` over a quantized
+    /// weight `w [n, k]`, `a [rank, k]`, `b [n, rank]` (the adapter's scale
+    /// folded into `b`): the low-rank projection, then the product with the
+    /// update added in its kernel where the device fuses it (decode).
+    Lora {
+        format: QuantFormat,
+        m: usize,
+        n: usize,
+        k: usize,
+        rank: usize,
+        cold: bool,
     },
     /// `a [m, k] @ b [k, n]`.
     Matmul {
@@ -222,6 +234,26 @@ fn cases(large: bool, cpu: bool) -> Vec<Case> {
                         },
                     );
                 }
+            }
+        }
+    }
+    // LoRA products at SmolLM2's and Llama 3.2 1B's attention projection
+    for (model, d) in [("135m", 576), ("1b", 2048)] {
+        for m in [1, 512] {
+            let phase = if m == 1 { "decode" } else { "prefill512" };
+            for rank in [8, 16, 64] {
+                let format = QuantFormat::Q4_0;
+                push(
+                    format!("lora {format} {model} {phase} qkv/o {m}x{d}x{d} r{rank}"),
+                    Kind::Lora {
+                        format,
+                        m,
+                        n: d,
+                        k: d,
+                        rank,
+                        cold: m == 1,
+                    },
+                );
             }
         }
     }
@@ -394,20 +426,40 @@ fn build(
             cold,
         } => {
             let x = rnd(&[m, k], 1)?;
-            let w = QTensor::random(format, &[n, k], 2, dev)?;
-            let size = w.size_in_bytes();
-            let mut ws = vec![w];
-            let copies = copies(cold, size, cold_bytes);
-            if copies > 1 {
-                let host = ws[0].to_bytes()?;
-                for _ in 1..copies {
-                    ws.push(QTensor::from_bytes(format, &[n, k], &host, dev)?);
-                }
-            }
+            let ws = quantized_copies(format, n, k, cold, cold_bytes, dev)?;
+            let size = ws[0].size_in_bytes();
             let flops = 2.0 * (m * n * k) as f64;
             let bytes = size as f64 + es * (m * k + m * n) as f64;
             let ws = Cycle::new(ws);
             (Box::new(move || x.matmul_q(ws.next())), flops, bytes)
+        }
+        Kind::Lora {
+            format,
+            m,
+            n,
+            k,
+            rank,
+            cold,
+        } => {
+            let x = rnd(&[m, k], 1)?;
+            let ws = quantized_copies(format, n, k, cold, cold_bytes, dev)?;
+            let a = rnd(&[rank, k], 3)?;
+            let b = rnd(&[rank, n], 4)?.mul_scalar(0.5)?;
+            let size = ws[0].size_in_bytes();
+            let flops = 2.0 * (m * n * k + m * rank * (k + n)) as f64;
+            let bytes = size as f64 + es * (m * k + m * n + rank * (k + n)) as f64;
+            let ws = Cycle::new(ws);
+            let run = move || {
+                let u = x.project_low_rank(&a, None)?;
+                x.matmul_q_fused(
+                    ws.next(),
+                    QFuse {
+                        low_rank: Some((&u, &b)),
+                        ..QFuse::default()
+                    },
+                )
+            };
+            (Box::new(run), flops, bytes)
         }
         Kind::QChain { format, n, layers } => {
             let x = rnd(&[1, n], 1)?;
@@ -502,6 +554,28 @@ fn build(
             (Box::new(move || x.copy()), 0.0, 2.0 * es * n as f64)
         }
     })
+}
+
+/// A random quantized weight `[n, k]`, and when `cold` as many copies of it
+/// as [`copies`] asks for.
+fn quantized_copies(
+    format: QuantFormat,
+    n: usize,
+    k: usize,
+    cold: bool,
+    cold_bytes: usize,
+    dev: &Device,
+) -> silica::Result<Vec<QTensor>> {
+    let w = QTensor::random(format, &[n, k], 2, dev)?;
+    let copies = copies(cold, w.size_in_bytes(), cold_bytes);
+    let mut ws = vec![w];
+    if copies > 1 {
+        let host = ws[0].to_bytes()?;
+        for _ in 1..copies {
+            ws.push(QTensor::from_bytes(format, &[n, k], &host, dev)?);
+        }
+    }
+    Ok(ws)
 }
 
 /// Per-call times of `f`: warm-up (see [`WARM_UP_S`]), then as many calls as fit in `budget`
