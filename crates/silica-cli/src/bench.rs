@@ -257,6 +257,19 @@ fn cases(large: bool, cpu: bool) -> Vec<Case> {
             }
         }
     }
+    // softmax and RMSNorm rows at the same models' widths
+    for (model, d) in [("135m", 576), ("1b", 2048)] {
+        for r in [1, 512] {
+            push(
+                format!("softmax {model} {r}x{d}"),
+                Kind::Softmax { rows: r, n: d },
+            );
+            push(
+                format!("rms_norm {model} {r}x{d}"),
+                Kind::RmsNorm { rows: r, n: d },
+            );
+        }
+    }
     if !cpu {
         for format in [QuantFormat::Q4_0, QuantFormat::Q8_0] {
             let (n, layers) = (2048, 64);
