@@ -7,7 +7,7 @@
 #[path = "common/tiny_llama.rs"]
 mod tiny_llama;
 
-use silica_models::llama::{Llama, PoolStep, SeqStep};
+use silica_models::llama::{Llama, PickedStep, PoolStep, SeqStep};
 use tiny_llama::{Tiny, TinyModelFile};
 
 fn rows(t: &silica::Tensor) -> Vec<Vec<f32>> {
@@ -236,5 +236,93 @@ fn pooled_sequences_match_each_alone() {
         assert!(model.forward_pooled(&mut pool, &[]).is_err());
         assert_eq!(pool.len(slot), before[slot]);
         assert_eq!(pool.len(slots[0]), before[slots[0]]);
+    }
+}
+
+/// Tokens fed from the device (the previous step's argmax, not read back)
+/// give the logits the same tokens fed from the host give, beside a
+/// sequence fed from the host in the same step; bad picks are refused and
+/// leave the slots as they were.
+#[test]
+fn picked_tokens_match_host_tokens() {
+    let file = TinyModelFile::write_quantized("picked", &Tiny::quantized());
+    for dev in tiny_llama::devices() {
+        let gguf = silica_models::gguf::GgufFile::open(&file.path).unwrap();
+        let model = Llama::load(&gguf, &dev, silica::DType::F32).unwrap();
+        let prompts: [&[u32]; 3] = [&[1, 5, 9, 13], &[1, 4], &[1, 8, 8, 3, 30]];
+        let (mut by_host, mut by_device) = (model.new_pool(3).unwrap(), model.new_pool(3).unwrap());
+        let mut last = None;
+        for pool in [&mut by_host, &mut by_device] {
+            let steps: Vec<PoolStep> = prompts
+                .iter()
+                .map(|&ids| PoolStep {
+                    slot: pool.acquire().unwrap(),
+                    ids,
+                })
+                .collect();
+            last = Some(model.forward_pooled(pool, &steps).unwrap());
+        }
+        let mut picks = last.unwrap().argmax(-1, false).unwrap();
+        let mut host: Vec<u32> = picks.to_vec().unwrap();
+        for round in 0..2 {
+            // slot 1 from the host, slots 2 and 0 from the device
+            let ids: Vec<[u32; 1]> = host.iter().map(|&t| [t]).collect();
+            let steps: Vec<PoolStep> = [1, 2, 0]
+                .iter()
+                .map(|&slot| PoolStep {
+                    slot,
+                    ids: &ids[slot],
+                })
+                .collect();
+            let want = rows(&model.forward_pooled(&mut by_host, &steps).unwrap());
+            let picked = [
+                PickedStep { slot: 2, row: 2 },
+                PickedStep { slot: 0, row: 0 },
+            ];
+            let host_one = [PoolStep {
+                slot: 1,
+                ids: &ids[1],
+            }];
+            let got = model
+                .forward_pooled_picked(&mut by_device, &host_one, &picked, Some(&picks))
+                .unwrap();
+            let got_rows = rows(&got);
+            for (i, (g, w)) in got_rows.iter().zip(&want).enumerate() {
+                let d = max_diff(g, w);
+                assert!(d < 2e-3, "{dev:?}: round {round}, row {i} differs by {d}");
+            }
+            assert_eq!(
+                (0..3).map(|s| by_device.len(s)).collect::<Vec<_>>(),
+                (0..3).map(|s| by_host.len(s)).collect::<Vec<_>>()
+            );
+            // the next round's picks: this step's argmax, rows in slot order
+            let order = silica::Tensor::from_vec(vec![2u32, 0, 1], &[3], &dev).unwrap();
+            picks = got
+                .argmax(-1, false)
+                .unwrap()
+                .index_select(0, &order)
+                .unwrap();
+            host = picks.to_vec().unwrap();
+        }
+        let before: Vec<usize> = (0..3).map(|s| by_device.len(s)).collect();
+        let t = silica::Tensor::from_vec(vec![3u32], &[1], &dev).unwrap();
+        for (picked, picks) in [
+            (vec![PickedStep { slot: 0, row: 1 }], Some(&t)),
+            (vec![PickedStep { slot: 0, row: 0 }], None),
+            (
+                vec![
+                    PickedStep { slot: 0, row: 0 },
+                    PickedStep { slot: 0, row: 0 },
+                ],
+                Some(&t),
+            ),
+        ] {
+            assert!(
+                model
+                    .forward_pooled_picked(&mut by_device, &[], &picked, picks)
+                    .is_err()
+            );
+        }
+        assert_eq!((0..3).map(|s| by_device.len(s)).collect::<Vec<_>>(), before);
     }
 }

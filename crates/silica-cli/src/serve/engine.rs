@@ -7,8 +7,14 @@
 //! Requests join between steps, up to `parallel` active sequences (the
 //! rest wait in arrival order); a request whose client has gone is dropped
 //! at the next step, and its slot freed.
+//!
+//! On a GPU, while every sequence that gets a token from a step picks it
+//! greedily, the next step is queued on the step's argmax before its tokens
+//! are read back (`Llama::forward_pooled_picked`), so the GPU works while
+//! the host reads, detokenizes and sends; a sequence that ends on such a
+//! token has its row of the next step dropped.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -16,7 +22,7 @@ use std::sync::mpsc;
 use std::time::Instant;
 
 use silica::Tensor;
-use silica_models::llama::{KvPool, Llama, PoolStep};
+use silica_models::llama::{KvPool, Llama, PickedStep, PoolStep};
 use silica_models::sampling::{Sampler, SamplingParams};
 use silica_models::tokenizer::{TokenStream, Tokenizer};
 use tokio::sync::mpsc::UnboundedSender;
@@ -104,6 +110,7 @@ impl Engine {
                     metrics,
                     queued: q,
                     active: a,
+                    next_id: Cell::new(0),
                 }
                 .run(rx)
             })
@@ -124,11 +131,13 @@ impl Engine {
 
 /// A sequence being processed.
 struct Seq<'a> {
+    /// Unique over the engine's life (a slot is reused by later sequences).
+    id: u64,
     job: Job,
     /// Its KV cache's slot in the pool.
     slot: usize,
     sampler: Sampler,
-    /// Prompt tokens already in the cache.
+    /// Prompt tokens fed to the device (queued, perhaps not yet run).
     fed: usize,
     /// The last sampled token, not yet in the cache.
     next: Option<u32>,
@@ -151,14 +160,40 @@ struct Runner<'a> {
     metrics: Arc<Metrics>,
     queued: Arc<AtomicUsize>,
     active: Arc<AtomicUsize>,
+    next_id: Cell<u64>,
+}
+
+/// What a sequence feeds one step.
+#[derive(Clone)]
+struct Feed {
+    seq: u64,
+    slot: usize,
+    /// Tokens from the host; empty when the token is `picked`.
+    ids: Vec<u32>,
+    /// The token is row `picked` of the previous step's argmax, still on
+    /// the device.
+    picked: Option<usize>,
+    /// Its logits row gives a token (the prompt is all in).
+    emits: bool,
+}
+
+/// A step queued on the device whose tokens have not been read back. Its
+/// rows are its feeds' (those from the host first, as
+/// `forward_pooled_picked` orders them).
+struct Queued {
+    feeds: Vec<Feed>,
+    logits: Tensor,
+    argmax: Tensor,
+    started: Instant,
 }
 
 impl<'a> Runner<'a> {
     fn run(self, rx: mpsc::Receiver<Job>) {
         let mut waiting: VecDeque<Job> = VecDeque::new();
         let mut seqs: Vec<Seq<'a>> = Vec::new();
+        let mut pending: Option<Queued> = None;
         loop {
-            if seqs.is_empty() && waiting.is_empty() {
+            if seqs.is_empty() && waiting.is_empty() && pending.is_none() {
                 match rx.recv() {
                     Ok(job) => waiting.push_back(job),
                     // every sender is gone: the server has stopped
@@ -181,8 +216,8 @@ impl<'a> Runner<'a> {
             self.queued.store(waiting.len(), Ordering::SeqCst);
             self.active.store(seqs.len(), Ordering::SeqCst);
             self.metrics.set_load(waiting.len(), seqs.len());
-            if !seqs.is_empty() {
-                self.step(&mut seqs);
+            if !seqs.is_empty() || pending.is_some() {
+                self.step(&mut seqs, &mut pending);
             }
         }
     }
@@ -206,7 +241,10 @@ impl<'a> Runner<'a> {
             .borrow_mut()
             .acquire()
             .expect("a free slot for each admitted sequence");
+        let id = self.next_id.get();
+        self.next_id.set(id + 1);
         Seq {
+            id,
             history: job.prompt.clone(),
             job,
             slot,
@@ -222,85 +260,209 @@ impl<'a> Runner<'a> {
         }
     }
 
-    /// One forward pass over the sequences that have work, then a token
-    /// for each whose prompt is all in.
-    fn step(&self, seqs: &mut Vec<Seq<'a>>) {
-        let mut budget = PREFILL_PER_STEP;
-        // (index into seqs, the tokens it feeds this step)
-        let mut plan: Vec<(usize, Vec<u32>)> = Vec::new();
-        for (i, s) in seqs.iter().enumerate() {
-            if let Some(t) = s.next {
-                plan.push((i, vec![t]));
-            } else if budget > 0 {
-                let n = (s.job.prompt.len() - s.fed).min(budget);
-                budget -= n;
-                plan.push((i, s.job.prompt[s.fed..s.fed + n].to_vec()));
-            }
+    /// Queues the next step and reads the one before it: ahead of the
+    /// read where the pending step's tokens can feed the next on the device.
+    fn step(&self, seqs: &mut Vec<Seq<'a>>, pending: &mut Option<Queued>) {
+        let ahead = pending.as_ref().filter(|p| self.can_queue_ahead(seqs, p));
+        if ahead.is_none()
+            && let Some(p) = pending.take()
+        {
+            self.read(seqs, p, &[]);
         }
-        let started = Instant::now();
-        let logits = match self.forward(seqs, &plan) {
-            Ok(l) => l,
-            Err(failed) => {
-                // a failure of the batch (out of memory, a lost device):
-                // each sequence on its own, so that only those that fail
-                // alone are failed
-                for (i, ids) in plan.iter().rev() {
-                    let one = vec![(*i, ids.clone())];
-                    match self.forward(seqs, &one) {
-                        Ok(l) => self.advance(&mut seqs[*i], ids.len(), &l, 0),
-                        Err(e) => {
-                            let s = seqs.remove(*i);
-                            fail(&s.job, &e);
-                        }
+        let feeds = self.plan(seqs, pending.as_ref());
+        let queued = if feeds.is_empty() {
+            None
+        } else {
+            match self.queue(feeds.clone(), pending.as_ref()) {
+                Ok(q) => Some(q),
+                Err(failed) if pending.is_some() => {
+                    // read the step before, then plan again without it
+                    eprintln!("silica serve: a step queued ahead failed ({failed}); retrying");
+                    if let Some(p) = pending.take() {
+                        self.read(seqs, p, &[]);
                     }
+                    self.finish_done(seqs);
+                    return;
                 }
-                eprintln!(
-                    "silica serve: a batched step failed ({failed}); its sequences ran alone"
-                );
-                self.finish_done(seqs);
-                return;
+                Err(failed) => {
+                    self.each_alone(seqs, feeds, &failed);
+                    self.finish_done(seqs);
+                    return;
+                }
             }
         };
-        let tokens: usize = plan.iter().map(|p| p.1.len()).sum();
-        self.metrics.step(tokens, started.elapsed());
-        for (row, (i, ids)) in plan.iter().enumerate() {
-            self.advance(&mut seqs[*i], ids.len(), &logits, row);
+        if let Some(q) = &queued {
+            for f in q.feeds.iter().filter(|f| f.picked.is_none()) {
+                if let Some(s) = seqs.iter_mut().find(|s| s.id == f.seq)
+                    && s.next.take().is_none()
+                {
+                    s.fed += f.ids.len();
+                }
+            }
         }
+        if let Some(p) = pending.take() {
+            let next = queued.as_ref().map_or(&[][..], |q| &q.feeds[..]);
+            self.read(seqs, p, next);
+        }
+        *pending = queued;
         self.finish_done(seqs);
     }
 
-    /// The forward pass of `plan`: the logits rows on the host, or the error.
-    fn forward(
-        &self,
-        seqs: &mut [Seq<'a>],
-        plan: &[(usize, Vec<u32>)],
-    ) -> silica_models::Result<Logits> {
-        let steps: Vec<PoolStep> = plan
-            .iter()
-            .map(|(i, ids)| PoolStep {
-                slot: seqs[*i].slot,
-                ids,
+    /// Whether every sequence that gets a token from `p` picks it
+    /// greedily, so that the next step can be queued on `p`'s argmax (on
+    /// a GPU, where the queue runs ahead of the host).
+    fn can_queue_ahead(&self, seqs: &[Seq<'a>], p: &Queued) -> bool {
+        self.model.device().is_gpu()
+            && p.feeds.iter().filter(|f| f.emits).all(|f| {
+                seqs.iter()
+                    .find(|s| s.id == f.seq)
+                    .is_none_or(|s| s.sampler.is_argmax())
             })
-            .collect();
-        let logits = self
-            .model
-            .forward_pooled(&mut self.pool.borrow_mut(), &steps)?;
-        let greedy: Vec<bool> = plan
-            .iter()
-            .map(|(i, _)| seqs[*i].sampler.is_argmax())
-            .collect();
-        Ok(Logits::read(&logits, &greedy)?)
     }
 
-    /// Takes one step's result for `s` (it fed `fed` tokens; its logits are
-    /// row `row`): more of the prompt in, or a new token out.
-    fn advance(&self, s: &mut Seq<'a>, fed: usize, logits: &Logits, row: usize) {
-        if s.next.take().is_none() {
-            s.fed += fed;
-            if s.fed < s.job.prompt.len() {
-                return;
+    /// What each sequence feeds the next step. With `pending` (queued
+    /// ahead), a sequence that gets a token from it feeds that token from
+    /// the device unless the token will be its last.
+    fn plan(&self, seqs: &[Seq<'a>], pending: Option<&Queued>) -> Vec<Feed> {
+        let mut budget = PREFILL_PER_STEP;
+        let (mut host, mut picked) = (Vec::new(), Vec::new());
+        let pool = self.pool.borrow();
+        for s in seqs.iter().filter(|s| !s.finished) {
+            let from = pending.and_then(|p| p.feeds.iter().position(|f| f.seq == s.id && f.emits));
+            if let Some(row) = from {
+                let len = pool.len(s.slot);
+                if s.generated + 1 < s.job.max_tokens && len + 1 < self.context {
+                    picked.push(Feed {
+                        seq: s.id,
+                        slot: s.slot,
+                        ids: Vec::new(),
+                        picked: Some(row),
+                        emits: true,
+                    });
+                }
+            } else if let Some(t) = s.next {
+                host.push(Feed {
+                    seq: s.id,
+                    slot: s.slot,
+                    ids: vec![t],
+                    picked: None,
+                    emits: true,
+                });
+            } else if s.fed < s.job.prompt.len() && budget > 0 {
+                let n = (s.job.prompt.len() - s.fed).min(budget);
+                budget -= n;
+                host.push(Feed {
+                    seq: s.id,
+                    slot: s.slot,
+                    ids: s.job.prompt[s.fed..s.fed + n].to_vec(),
+                    picked: None,
+                    emits: s.fed + n == s.job.prompt.len(),
+                });
             }
         }
+        host.extend(picked);
+        host
+    }
+
+    /// Queues a step of `feeds` (picked tokens from `pending`'s argmax):
+    /// its logits and their argmax stay on the device.
+    fn queue(&self, feeds: Vec<Feed>, pending: Option<&Queued>) -> silica_models::Result<Queued> {
+        let started = Instant::now();
+        let steps: Vec<PoolStep> = feeds
+            .iter()
+            .filter(|f| f.picked.is_none())
+            .map(|f| PoolStep {
+                slot: f.slot,
+                ids: &f.ids,
+            })
+            .collect();
+        let picked: Vec<PickedStep> = feeds
+            .iter()
+            .filter_map(|f| f.picked.map(|row| PickedStep { slot: f.slot, row }))
+            .collect();
+        let logits = self.model.forward_pooled_picked(
+            &mut self.pool.borrow_mut(),
+            &steps,
+            &picked,
+            pending.map(|p| &p.argmax),
+        )?;
+        let argmax = logits.argmax(-1, false)?;
+        Ok(Queued {
+            feeds,
+            logits,
+            argmax,
+            started,
+        })
+    }
+
+    /// Reads `q`'s tokens back and hands each sequence its own; `next` is
+    /// the step queued after it (a sequence fed there from `q`'s argmax
+    /// already has its token in flight).
+    fn read(&self, seqs: &mut [Seq<'a>], q: Queued, next: &[Feed]) {
+        let greedy: Vec<bool> = q
+            .feeds
+            .iter()
+            .map(|f| {
+                seqs.iter()
+                    .find(|s| s.id == f.seq)
+                    .is_none_or(|s| s.sampler.is_argmax())
+            })
+            .collect();
+        let logits = match Logits::read(&q.logits, &q.argmax, &greedy) {
+            Ok(l) => l,
+            Err(e) => {
+                let e = silica_models::Error::from(e);
+                for f in &q.feeds {
+                    if let Some(s) = seqs.iter_mut().find(|s| s.id == f.seq && !s.finished) {
+                        fail(&s.job, &e);
+                        s.finished = true;
+                    }
+                }
+                return;
+            }
+        };
+        let tokens: usize = q.feeds.iter().map(|f| f.ids.len().max(1)).sum();
+        self.metrics.step(tokens, q.started.elapsed());
+        for (row, f) in q.feeds.iter().enumerate() {
+            let Some(s) = seqs.iter_mut().find(|s| s.id == f.seq && !s.finished) else {
+                continue; // its client left, or it ended on the step before
+            };
+            if f.emits {
+                let in_flight = next.iter().any(|n| n.seq == f.seq && n.picked.is_some());
+                self.advance(s, &logits, row, in_flight);
+            }
+        }
+    }
+
+    /// After a batched step failed (out of memory, a lost device): each
+    /// sequence's feed on its own, so that only those that fail alone fail.
+    fn each_alone(&self, seqs: &mut [Seq<'a>], feeds: Vec<Feed>, failed: &silica_models::Error) {
+        for f in feeds {
+            let seq = f.seq;
+            let alone = self.queue(vec![f], None);
+            let Some(s) = seqs.iter_mut().find(|s| s.id == seq) else {
+                continue;
+            };
+            match alone {
+                Ok(q) => {
+                    let f = &q.feeds[0];
+                    if s.next.take().is_none() {
+                        s.fed += f.ids.len();
+                    }
+                    self.read(std::slice::from_mut(s), q, &[]);
+                }
+                Err(e) => {
+                    fail(&s.job, &e);
+                    s.finished = true;
+                }
+            }
+        }
+        eprintln!("silica serve: a batched step failed ({failed}); its sequences ran alone");
+    }
+
+    /// Takes the token of row `row` for `s`; `in_flight`: the step queued
+    /// after already feeds it from the device.
+    fn advance(&self, s: &mut Seq<'a>, logits: &Logits, row: usize, in_flight: bool) {
         let token = logits.pick(row, &mut s.sampler, &s.history);
         if s.first_token {
             s.first_token = false;
@@ -320,13 +482,15 @@ impl<'a> Runner<'a> {
                 return;
             }
         }
-        let cached = self.pool.borrow().len(s.slot);
+        let cached = self.pool.borrow().len(s.slot) - usize::from(in_flight);
         if s.generated >= s.job.max_tokens || cached + 1 >= self.context {
             self.flush(s);
             self.done(s, Finish::Length);
             return;
         }
-        s.next = Some(token);
+        if !in_flight {
+            s.next = Some(token);
+        }
     }
 
     /// Sends the text that can no longer turn into a stop string; ends the
@@ -429,8 +593,8 @@ struct Logits {
 }
 
 impl Logits {
-    fn read(logits: &Tensor, greedy: &[bool]) -> silica::Result<Logits> {
-        let argmax: Vec<u32> = logits.argmax(-1, false)?.to_vec()?;
+    fn read(logits: &Tensor, argmax: &Tensor, greedy: &[bool]) -> silica::Result<Logits> {
+        let argmax: Vec<u32> = argmax.to_vec()?;
         let vocab = logits.shape()[1];
         let rows = if greedy.iter().all(|&g| g) {
             vec![None; greedy.len()]

@@ -131,10 +131,14 @@ impl Llama {
     /// The embeddings of `ids`, `[n, d]` (scaled by √d for Gemma).
     fn embed_rows(&self, ids: Vec<u32>) -> Result<Tensor> {
         let n = ids.len();
-        let ids_t = Tensor::from_vec(ids, &[n], &self.device)?;
+        self.embed_tensor(&Tensor::from_vec(ids, &[n], &self.device)?)
+    }
+
+    /// The embeddings of the u32 ids `ids_t` on the model's device.
+    fn embed_tensor(&self, ids_t: &Tensor) -> Result<Tensor> {
         let x = match &self.embed {
-            Embedding::Dense(t) => t.index_select(0, &ids_t)?,
-            Embedding::Quant(q) => q.embedding(&ids_t, self.dtype)?,
+            Embedding::Dense(t) => t.index_select(0, ids_t)?,
+            Embedding::Quant(q) => q.embedding(ids_t, self.dtype)?,
         };
         Ok(match self.config.gemma {
             Some(_) => x.mul_scalar((self.config.d_model as f32).sqrt())?,
@@ -218,45 +222,107 @@ impl Llama {
     /// logits of each step's last new position come back, `[steps,
     /// vocab]`. On error every slot holds the positions it held before.
     pub fn forward_pooled(&self, pool: &mut KvPool, steps: &[PoolStep<'_>]) -> Result<Tensor> {
+        self.forward_pooled_picked(pool, steps, &[], None)
+    }
+
+    /// [`Llama::forward_pooled`] where the sequences `picked` feed one token
+    /// each that is still on the device: row `row` of `picks` (u32, such as
+    /// the argmax of the previous step's logits), so that the step is
+    /// queued before those tokens are read back. Their logits rows come
+    /// after those of `steps`, in order. As with [`Llama::forward_ids`],
+    /// the picked ids are not checked against the vocabulary (an argmax of
+    /// this model's logits is inside it).
+    pub fn forward_pooled_picked(
+        &self,
+        pool: &mut KvPool,
+        steps: &[PoolStep<'_>],
+        picked: &[PickedStep],
+        picks: Option<&Tensor>,
+    ) -> Result<Tensor> {
         let c = &self.config;
-        if steps.is_empty() {
+        if steps.is_empty() && picked.is_empty() {
             return Err(Error::InvalidInput(
                 "a batched step needs a sequence".into(),
             ));
         }
+        let picks = match (picked.is_empty(), picks) {
+            (true, _) => None,
+            (false, Some(p)) if p.rank() == 1 && p.dtype() == DType::U32 => Some(p),
+            (false, p) => {
+                return Err(Error::InvalidInput(format!(
+                    "picked steps need their tokens as a u32 vector, not {:?}",
+                    p.map(|p| (p.shape().to_vec(), p.dtype()))
+                )));
+            }
+        };
+        let slots: Vec<usize> = steps
+            .iter()
+            .map(|s| s.slot)
+            .chain(picked.iter().map(|p| p.slot))
+            .collect();
+        for (i, &slot) in slots.iter().enumerate() {
+            if slot >= pool.lens.len() || !pool.used[slot] {
+                return Err(Error::InvalidInput(format!(
+                    "sequence {i} of the batch names slot {slot}, which is not in use"
+                )));
+            }
+            if slots[..i].contains(&slot) {
+                return Err(Error::InvalidInput(format!(
+                    "slot {slot} appears twice in one step"
+                )));
+            }
+        }
+        if let Some(p) = picks
+            && let Some(bad) = picked.iter().find(|q| q.row >= p.shape()[0])
+        {
+            return Err(Error::InvalidInput(format!(
+                "picked row {} of a vector of {} tokens",
+                bad.row,
+                p.shape()[0]
+            )));
+        }
         let mut ids: Vec<u32> = Vec::new();
         let mut positions: Vec<u32> = Vec::new();
-        let mut last: Vec<u32> = Vec::with_capacity(steps.len());
+        let mut last: Vec<u32> = Vec::with_capacity(slots.len());
+        let mut lens: Vec<usize> = Vec::with_capacity(slots.len());
         let mut longest = 0;
+        let mut rows = 0;
         for (i, s) in steps.iter().enumerate() {
-            if s.slot >= pool.lens.len() || !pool.used[s.slot] {
-                return Err(Error::InvalidInput(format!(
-                    "sequence {i} of the batch names slot {}, which is not in use",
-                    s.slot
-                )));
-            }
-            if steps[..i].iter().any(|o| o.slot == s.slot) {
-                return Err(Error::InvalidInput(format!(
-                    "slot {} appears twice in one step",
-                    s.slot
-                )));
-            }
             let t = s.ids.len();
             let start = pool.lens[s.slot];
             self.check_seq_step(i, s.ids, start)?;
             longest = longest.max(start + t);
             positions.extend((start..start + t).map(|p| p as u32));
             ids.extend_from_slice(s.ids);
-            last.push((ids.len() - 1) as u32);
+            rows += t;
+            last.push((rows - 1) as u32);
+            lens.push(t);
+        }
+        for (i, p) in picked.iter().enumerate() {
+            let start = pool.lens[p.slot];
+            if start + 1 > c.context_length {
+                return Err(Error::InvalidInput(format!(
+                    "sequence {} of the batch: {} positions exceed the model's context of {} tokens",
+                    steps.len() + i,
+                    start + 1,
+                    c.context_length
+                )));
+            }
+            longest = longest.max(start + 1);
+            positions.push(start as u32);
+            rows += 1;
+            last.push((rows - 1) as u32);
+            lens.push(1);
         }
         self.reserve_pool(pool, longest)?;
         let cap = pool.capacity;
-        let seqs: Vec<CacheSeq> = steps
+        let seqs: Vec<CacheSeq> = slots
             .iter()
-            .map(|s| CacheSeq {
-                len: s.ids.len(),
-                base: s.slot * cap,
-                start: pool.lens[s.slot],
+            .zip(&lens)
+            .map(|(&slot, &len)| CacheSeq {
+                len,
+                base: slot * cap,
+                start: pool.lens[slot],
             })
             .collect();
         let n = positions.len();
@@ -275,7 +341,21 @@ impl Llama {
             Some(w) => Some(CacheSeqs::new(&seqs, Some(w), &self.device)?),
             None => None,
         };
-        let mut x = self.embed_rows(ids)?;
+        let mut x = match picks {
+            None => self.embed_rows(ids)?,
+            Some(p) => {
+                let rows: Vec<u32> = picked.iter().map(|q| q.row as u32).collect();
+                let rows = Tensor::from_vec(rows, &[picked.len()], &self.device)?;
+                let from_device = p.to_device(&self.device)?.index_select(0, &rows)?;
+                let all = if ids.is_empty() {
+                    from_device
+                } else {
+                    let host = Tensor::from_vec(ids, &[rows_of(steps)], &self.device)?;
+                    Tensor::cat(&[&host, &from_device], 0)?
+                };
+                self.embed_tensor(&all)?
+            }
+        };
         let h = c.n_heads;
         for li in 0..c.n_layers {
             let cache = &mut pool.kv[li];
@@ -295,11 +375,24 @@ impl Llama {
                 Ok(qkv.cached_attention_batch(cache, table, rope, h, opts)?)
             })?;
         }
-        for s in steps {
-            pool.lens[s.slot] += s.ids.len();
+        for (&slot, &len) in slots.iter().zip(&lens) {
+            pool.lens[slot] += len;
         }
         self.last_logits(&x, last)
     }
+}
+
+/// The tokens of `steps`.
+fn rows_of(steps: &[PoolStep<'_>]) -> usize {
+    steps.iter().map(|s| s.ids.len()).sum()
+}
+
+/// A sequence of a pooled step whose one new token is row `row` of a
+/// tensor on the device (see [`Llama::forward_pooled_picked`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PickedStep {
+    pub slot: usize,
+    pub row: usize,
 }
 
 /// One sequence's part of a pooled step: the tokens after those its slot

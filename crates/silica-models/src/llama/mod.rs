@@ -32,7 +32,7 @@ mod config;
 mod gemma;
 mod phi3;
 use crate::capture::{NoTaps, Site, Taps};
-pub use batch::{KvPool, PoolStep, SeqStep};
+pub use batch::{KvPool, PickedStep, PoolStep, SeqStep};
 use config::rope_angles;
 pub use config::{LlamaConfig, RopeScaling};
 pub use gemma::GemmaConfig;
