@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::Instant;
 
-use silica::Tensor;
+use silica::{PendingRead, Tensor};
 use silica_models::llama::{KvPool, Llama, PickedStep, PoolStep};
 use silica_models::sampling::{Sampler, SamplingParams};
 use silica_models::tokenizer::{TokenStream, Tokenizer};
@@ -182,8 +182,13 @@ struct Feed {
 /// `forward_pooled_picked` orders them).
 struct Queued {
     feeds: Vec<Feed>,
-    logits: Tensor,
+    /// Each row's argmax, the next step's picked tokens.
     argmax: Tensor,
+    /// The argmax on its way back, submitted with the step so that a step
+    /// queued after it does not delay it.
+    argmax_read: PendingRead,
+    /// The whole logits on their way back, where a row samples.
+    logits_read: Option<PendingRead>,
     started: Instant,
 }
 
@@ -273,7 +278,7 @@ impl<'a> Runner<'a> {
         let queued = if feeds.is_empty() {
             None
         } else {
-            match self.queue(feeds.clone(), pending.as_ref()) {
+            match self.queue(seqs, feeds.clone(), pending.as_ref()) {
                 Ok(q) => Some(q),
                 Err(failed) if pending.is_some() => {
                     // read the step before, then plan again without it
@@ -366,7 +371,12 @@ impl<'a> Runner<'a> {
 
     /// Queues a step of `feeds` (picked tokens from `pending`'s argmax):
     /// its logits and their argmax stay on the device.
-    fn queue(&self, feeds: Vec<Feed>, pending: Option<&Queued>) -> silica_models::Result<Queued> {
+    fn queue(
+        &self,
+        seqs: &[Seq<'a>],
+        feeds: Vec<Feed>,
+        pending: Option<&Queued>,
+    ) -> silica_models::Result<Queued> {
         let started = Instant::now();
         let steps: Vec<PoolStep> = feeds
             .iter()
@@ -387,10 +397,24 @@ impl<'a> Runner<'a> {
             pending.map(|p| &p.argmax),
         )?;
         let argmax = logits.argmax(-1, false)?;
+        let samples = feeds.iter().any(|f| {
+            f.emits
+                && seqs
+                    .iter()
+                    .find(|s| s.id == f.seq)
+                    .is_some_and(|s| !s.sampler.is_argmax())
+        });
+        let logits_read = if samples {
+            Some(logits.read_later()?)
+        } else {
+            None
+        };
+        let argmax_read = argmax.read_later()?;
         Ok(Queued {
             feeds,
-            logits,
             argmax,
+            argmax_read,
+            logits_read,
             started,
         })
     }
@@ -408,11 +432,12 @@ impl<'a> Runner<'a> {
                     .is_none_or(|s| s.sampler.is_argmax())
             })
             .collect();
-        let logits = match Logits::read(&q.logits, &q.argmax, &greedy) {
+        let (feeds, started) = (q.feeds, q.started);
+        let logits = match Logits::read(q.argmax_read, q.logits_read, &greedy) {
             Ok(l) => l,
             Err(e) => {
                 let e = silica_models::Error::from(e);
-                for f in &q.feeds {
+                for f in &feeds {
                     if let Some(s) = seqs.iter_mut().find(|s| s.id == f.seq && !s.finished) {
                         fail(&s.job, &e);
                         s.finished = true;
@@ -421,9 +446,9 @@ impl<'a> Runner<'a> {
                 return;
             }
         };
-        let tokens: usize = q.feeds.iter().map(|f| f.ids.len().max(1)).sum();
-        self.metrics.step(tokens, q.started.elapsed());
-        for (row, f) in q.feeds.iter().enumerate() {
+        let tokens: usize = feeds.iter().map(|f| f.ids.len().max(1)).sum();
+        self.metrics.step(tokens, started.elapsed());
+        for (row, f) in feeds.iter().enumerate() {
             let Some(s) = seqs.iter_mut().find(|s| s.id == f.seq && !s.finished) else {
                 continue; // its client left, or it ended on the step before
             };
@@ -439,7 +464,7 @@ impl<'a> Runner<'a> {
     fn each_alone(&self, seqs: &mut [Seq<'a>], feeds: Vec<Feed>, failed: &silica_models::Error) {
         for f in feeds {
             let seq = f.seq;
-            let alone = self.queue(vec![f], None);
+            let alone = self.queue(seqs, vec![f], None);
             let Some(s) = seqs.iter_mut().find(|s| s.id == seq) else {
                 continue;
             };
@@ -593,18 +618,23 @@ struct Logits {
 }
 
 impl Logits {
-    fn read(logits: &Tensor, argmax: &Tensor, greedy: &[bool]) -> silica::Result<Logits> {
+    fn read(
+        argmax: PendingRead,
+        logits: Option<PendingRead>,
+        greedy: &[bool],
+    ) -> silica::Result<Logits> {
         let argmax: Vec<u32> = argmax.to_vec()?;
-        let vocab = logits.shape()[1];
-        let rows = if greedy.iter().all(|&g| g) {
-            vec![None; greedy.len()]
-        } else {
-            let all: Vec<f32> = logits.to_vec()?;
-            greedy
-                .iter()
-                .enumerate()
-                .map(|(r, &g)| (!g).then(|| all[r * vocab..(r + 1) * vocab].to_vec()))
-                .collect()
+        let rows = match logits {
+            Some(logits) if !greedy.iter().all(|&g| g) => {
+                let all: Vec<f32> = logits.to_vec()?;
+                let vocab = all.len() / greedy.len().max(1);
+                greedy
+                    .iter()
+                    .enumerate()
+                    .map(|(r, &g)| (!g).then(|| all[r * vocab..(r + 1) * vocab].to_vec()))
+                    .collect()
+            }
+            _ => vec![None; greedy.len()],
         };
         Ok(Logits { argmax, rows })
     }
