@@ -1,5 +1,7 @@
-//! Integer products of Q4_0 / Q4_1 / Q8_0 weights with many rows of 8-bit
-//! activations (prefill), as matrix tiles rather than row dots.
+//! Integer products of Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 and Q4_K / Q5_K
+//! weights with many rows of 8-bit activations (prefill), as matrix tiles
+//! rather than row dots. (Q6_K, whose two scales per block the panel does
+//! not hold, takes the row dots.)
 //!
 //! A task decodes its weight rows once, [`NR`] at a time, into a [`Panel`]:
 //! the unsigned quants in the interleaved order of the activations (see
@@ -10,7 +12,9 @@
 //! of x. The panel is a few kilobytes: the quantized matrix is never copied
 //! whole.
 
-use super::qdot::{GB, Path, QB, QuantizedRows, WeightRows, block_u8, code, layout_of};
+use super::qdot::{
+    GB, K_SUB, Path, QB, QuantizedRows, WeightRows, block_u8, code, is_k, k_sub, layout_of,
+};
 
 /// Weight rows per panel.
 pub(crate) const NR: usize = 4;
@@ -58,18 +62,35 @@ impl Panel {
         }
         let bb = layout_of(F).0;
         for c in 0..live {
-            let row = &w.row_on(c)[..nb * bb];
-            for (b, blk) in row.chunks_exact(bb).enumerate() {
-                let (u, dw, mw) = block_u8::<F>(blk);
-                let (g, t) = (b / GB, b % GB);
-                let at = (g * NR + c) * GB * QB + t * 16;
-                self.u[at..at + 16].copy_from_slice(&u[..16]);
-                self.u[at + GB * 16..at + GB * 16 + 16].copy_from_slice(&u[16..]);
-                let lanes = (g * NR + c) * 16 + t * 4;
-                self.dw[lanes..lanes + 4].fill(dw);
-                self.mw[c * self.nbp + b] = mw;
+            if is_k(F) {
+                // Q4_K / Q5_K: one affine map per sub-block of 32
+                let row = &w.row_on(c)[..nb / K_SUB * bb];
+                for (s, blk) in row.chunks_exact(bb).enumerate() {
+                    for j in 0..K_SUB {
+                        let (u, dw, mw) = k_sub::<F>(blk, j);
+                        self.put(c, s * K_SUB + j, &u, dw[0], mw[0]);
+                    }
+                }
+            } else {
+                let row = &w.row_on(c)[..nb * bb];
+                for (b, blk) in row.chunks_exact(bb).enumerate() {
+                    let (u, dw, mw) = block_u8::<F>(blk);
+                    self.put(c, b, &u, dw, mw);
+                }
             }
         }
+    }
+
+    /// Block `b` of panel row `c`: quants `u`, `w = dw · u + mw`.
+    #[inline(always)]
+    fn put(&mut self, c: usize, b: usize, u: &[u8; QB], dw: f32, mw: f32) {
+        let (g, t) = (b / GB, b % GB);
+        let at = (g * NR + c) * GB * QB + t * 16;
+        self.u[at..at + 16].copy_from_slice(&u[..16]);
+        self.u[at + GB * 16..at + GB * 16 + 16].copy_from_slice(&u[16..]);
+        let lanes = (g * NR + c) * 16 + t * 4;
+        self.dw[lanes..lanes + 4].fill(dw);
+        self.mw[c * self.nbp + b] = mw;
     }
 }
 
@@ -84,6 +105,10 @@ pub(crate) fn gemm_rows(
     m: usize,
     out: &mut [f32],
 ) {
+    if w.format == crate::quant::QuantFormat::Q6_K {
+        // a scale per 16 values: the panel holds one per block
+        return super::qdot::dot_rows(path, w, x, m, out);
+    }
     match path {
         Path::Scalar => gemm_rows_on(path, w, x, m, out),
         // SAFETY: `Path::detect` (or the test that forces a path) checked
@@ -102,6 +127,8 @@ fn gemm_rows_on(path: Path, w: WeightRows<'_>, x: &QuantizedRows, m: usize, out:
         1 => gemm_rows_of::<1>(path, w, x, m, out),
         3 => gemm_rows_of::<3>(path, w, x, m, out),
         4 => gemm_rows_of::<4>(path, w, x, m, out),
+        5 => gemm_rows_of::<5>(path, w, x, m, out),
+        6 => gemm_rows_of::<6>(path, w, x, m, out),
         _ => gemm_rows_of::<2>(path, w, x, m, out),
     }
 }
@@ -278,7 +305,7 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quant::QuantFormat;
+    use crate::backend::cpu::qdot::tests::{FORMATS, lengths, quantize};
 
     fn values(n: usize, seed: u64) -> Vec<f32> {
         use rand::{Rng, SeedableRng};
@@ -286,16 +313,6 @@ mod tests {
         (0..n)
             .map(|_| rng.sample(rand_distr::StandardNormal))
             .collect()
-    }
-
-    fn quantize(format: QuantFormat, v: &[f32]) -> Vec<u8> {
-        match format {
-            QuantFormat::Q8_0 => crate::quant::quantize_q8_0(v),
-            QuantFormat::Q4_0 => crate::quant::quantize_q4_0(v),
-            QuantFormat::Q5_0 => crate::quant::quantize_q5_0(v),
-            QuantFormat::Q5_1 => crate::quant::quantize_q5_1(v),
-            _ => crate::quant::quantize_q4_1(v),
-        }
     }
 
     /// ‖a - b‖ / ‖b‖
@@ -309,24 +326,21 @@ mod tests {
     fn tiles_match_the_row_dots() {
         // m and n not multiples of the tile, k of one block, of groups cut
         // short and of more than 64 blocks; a task that starts past row 0
-        let formats = [
-            QuantFormat::Q8_0,
-            QuantFormat::Q4_0,
-            QuantFormat::Q4_1,
-            QuantFormat::Q5_0,
-        ];
-        for &k in &[32, 64, 96, 160, 576, 2048 + 32] {
-            for &(m, n) in &[(1, 1), (3, 5), (4, 4), (8, 9), (13, 6), (33, 17)] {
-                let xs = values(m * k, (k * 31 + m) as u64);
-                let ws = values(n * k, (k * 17 + n) as u64 + 5);
-                for format in formats {
+        for format in FORMATS {
+            for &k in lengths(format) {
+                for &(m, n) in &[(1, 1), (3, 5), (4, 4), (8, 9), (13, 6), (33, 17)] {
+                    let xs = values(m * k, (k * 31 + m) as u64);
+                    let ws = values(n * k, (k * 17 + n) as u64 + 5);
                     let wb = quantize(format, &ws);
                     let rb = format.bytes_for(k);
                     for path in Path::available() {
                         let xq = QuantizedRows::new(path, &xs, m, k);
+                        // Q6_K takes the row dots of its path (which the
+                        // qdot tests check against the scalar kernel)
+                        let q6 = format == crate::quant::QuantFormat::Q6_K;
                         let mut want = vec![0f32; n * m];
                         crate::backend::cpu::qdot::dot_rows(
-                            Path::Scalar,
+                            if q6 { path } else { Path::Scalar },
                             WeightRows::new(format, &wb, rb),
                             &xq,
                             m,
@@ -344,6 +358,10 @@ mod tests {
                             // per value (the offsets of Q4_0 and Q8_0 cancel much
                             // of the sum), and over all values
                             let want = &want[j0 * m..];
+                            if q6 {
+                                assert_eq!(got, want, "{format} {path:?} k {k} m {m} n {n}");
+                                continue;
+                            }
                             for (i, (g, w)) in got.iter().zip(want).enumerate() {
                                 assert!(
                                     (g - w).abs() <= 1e-4 * w.abs().max(1.0),

@@ -8,9 +8,10 @@
 //! compiler vectorizes them, and are compiled a second time for AVX2/FMA and
 //! AVX-512 where the processor has them (chosen at run time).
 //!
-//! With 8-bit activations (the default), Q4_0 / Q4_1 / Q8_0 take integer
-//! kernels instead: row dots (`qdot`) for fewer than `GEMM_MIN_M` rows of x,
-//! tiles over decoded panels of 4 weight rows (`qgemm`) from there on.
+//! With 8-bit activations (the default), Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0
+//! and the K-quants take integer kernels instead: row dots (`qdot`) for
+//! fewer than `GEMM_MIN_M` rows of x, tiles over decoded panels of 4 weight
+//! rows (`qgemm`; Q6_K keeps the row dots) from there on.
 
 use rayon::prelude::*;
 
