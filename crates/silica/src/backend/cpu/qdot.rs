@@ -215,6 +215,20 @@ fn quantize_row(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32]) {
     }
 }
 
+/// `xs` (rows of whole blocks of 32) replaced by the values the kernels
+/// see: each block's quants times its scale, rounded as [`quantize_row`]
+/// rounds them.
+pub(crate) fn round_to_8_bits(xs: &mut [f32]) {
+    for xb in xs.chunks_exact_mut(QB) {
+        let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
+        let db = amax / 127.0;
+        let id = if db > 0.0 { 1.0 / db } else { 0.0 };
+        for v in xb {
+            *v = (*v * id).round_ties_even() * db;
+        }
+    }
+}
+
 /// Byte offset of the quants in a block of `format`, and the weight of the
 /// scale in the block's minimum (`mw = -bias * dw` unless the block stores it).
 pub(super) const fn layout_of(f: u8) -> (usize, usize, f32) {
@@ -1469,6 +1483,16 @@ pub(crate) mod tests {
                 assert!(e < 1e-2, "{format} k {k}: {e} against the f32 product");
             }
         }
+    }
+
+    #[test]
+    fn rounding_to_8_bits_gives_the_values_the_kernels_see() {
+        let (rows, k) = (3, 96);
+        let mut xs = gaussian(rows * k, 21);
+        xs[32..64].fill(0.0);
+        let xq = QuantizedRows::new(Path::Scalar, &xs, rows, k);
+        round_to_8_bits(&mut xs);
+        assert_eq!(xs, dequantized(&xq, rows));
     }
 
     #[test]
