@@ -100,11 +100,11 @@ pub fn qmatmul(
                 }
             });
         } else {
-            if int8.is_some() {
+            if let Some(path) = int8 {
                 // a product the integer kernels would be slower at: the
                 // panels with x rounded as those kernels round it, so that
                 // its numbers do not depend on the path
-                qdot::round_to_8_bits(&mut xs);
+                qdot::round_to_8_bits(path, &mut xs);
             }
             // about two panels per thread, whole 16s of rows
             let threads = rayon::current_num_threads().max(1);
