@@ -1,5 +1,8 @@
-//! Integer products of Q4_0 / Q4_1 / Q8_0 weights with many rows of 8-bit
-//! activations (prefill), as matrix tiles rather than row dots.
+//! Integer products of Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 and Q4_K / Q5_K
+//! weights with many rows of 8-bit activations (prefill), as matrix tiles
+//! rather than row dots. Q6_K's panels hold a second scale per block (one
+//! per 16 values) and its quants less 32 are dotted as `u · q - 32 Σ q`,
+//! the sums of x computed once per tile row for the panel's 4 rows.
 //!
 //! A task decodes its weight rows once, [`NR`] at a time, into a [`Panel`]:
 //! the unsigned quants in the interleaved order of the activations (see
@@ -10,7 +13,11 @@
 //! of x. The panel is a few kilobytes: the quantized matrix is never copied
 //! whole.
 
-use super::qdot::{GB, Path, QB, QuantizedRows, WeightRows, block_u8, code, layout_of};
+use crate::quant::QuantFormat;
+
+use super::qdot::{
+    GB, K_SUB, Path, QB, QuantizedRows, WeightRows, block_u8, code, is_k, k_sub, layout_of,
+};
 
 /// Weight rows per panel.
 pub(crate) const NR: usize = 4;
@@ -29,12 +36,16 @@ struct Panel {
     u: Vec<u8>,
     /// [groups, NR, 16]: lane l holds dw of block 4 g + l / 4
     dw: Vec<f32>,
+    /// As `dw`, the scales of the blocks' last 16 values (Q6_K; `dw` then
+    /// scales their first 16), else empty
+    dw2: Vec<f32>,
     /// [NR, nbp] the blocks' minima (w = dw · u + mw)
     mw: Vec<f32>,
 }
 
 impl Panel {
-    fn new(x: &QuantizedRows) -> Panel {
+    /// A panel for x; `two` for formats with two scales per block (Q6_K).
+    fn new(x: &QuantizedRows, two: bool) -> Panel {
         let groups = x.nb.div_ceil(GB);
         let nbp = x.s_stride;
         Panel {
@@ -42,6 +53,7 @@ impl Panel {
             nbp,
             u: vec![0; groups * NR * GB * QB],
             dw: vec![0.0; groups * NR * 16],
+            dw2: vec![0.0; if two { groups * NR * 16 } else { 0 }],
             mw: vec![0.0; NR * nbp],
         }
     }
@@ -54,22 +66,67 @@ impl Panel {
             // the rows past the matrix, which a previous fill may have set
             self.u.fill(0);
             self.dw.fill(0.0);
+            self.dw2.fill(0.0);
             self.mw.fill(0.0);
         }
         let bb = layout_of(F).0;
         for c in 0..live {
-            let row = &w.row_on(c)[..nb * bb];
-            for (b, blk) in row.chunks_exact(bb).enumerate() {
-                let (u, dw, mw) = block_u8::<F>(blk);
-                let (g, t) = (b / GB, b % GB);
-                let at = (g * NR + c) * GB * QB + t * 16;
-                self.u[at..at + 16].copy_from_slice(&u[..16]);
-                self.u[at + GB * 16..at + GB * 16 + 16].copy_from_slice(&u[16..]);
-                let lanes = (g * NR + c) * 16 + t * 4;
-                self.dw[lanes..lanes + 4].fill(dw);
-                self.mw[c * self.nbp + b] = mw;
+            if is_k(F) {
+                // Q4_K / Q5_K: one affine map per sub-block of 32; Q6_K:
+                // a scale per half, its offset (-32) left to the tiles
+                let row = &w.row_on(c)[..nb / K_SUB * bb];
+                for (s, blk) in row.chunks_exact(bb).enumerate() {
+                    for j in 0..K_SUB {
+                        let (u, dw, mw) = k_sub::<F>(blk, j);
+                        let b = s * K_SUB + j;
+                        if F == 7 {
+                            self.put(c, b, &u, dw[0], 0.0);
+                            let (g, t) = (b / GB, b % GB);
+                            let lanes = (g * NR + c) * 16 + t * 4;
+                            self.dw2[lanes..lanes + 4].fill(dw[1]);
+                        } else {
+                            self.put(c, b, &u, dw[0], mw[0]);
+                        }
+                    }
+                }
+            } else {
+                let row = &w.row_on(c)[..nb * bb];
+                for (b, blk) in row.chunks_exact(bb).enumerate() {
+                    let (u, dw, mw) = block_u8::<F>(blk);
+                    self.put(c, b, &u, dw, mw);
+                }
             }
         }
+    }
+
+    /// Block `b` of panel row `c`: quants `u`, `w = dw · u + mw`.
+    #[inline(always)]
+    fn put(&mut self, c: usize, b: usize, u: &[u8; QB], dw: f32, mw: f32) {
+        let (g, t) = (b / GB, b % GB);
+        let at = (g * NR + c) * GB * QB + t * 16;
+        self.u[at..at + 16].copy_from_slice(&u[..16]);
+        self.u[at + GB * 16..at + GB * 16 + 16].copy_from_slice(&u[16..]);
+        let lanes = (g * NR + c) * 16 + t * 4;
+        self.dw[lanes..lanes + 4].fill(dw);
+        self.mw[c * self.nbp + b] = mw;
+    }
+}
+
+/// Whether products of many rows of x in `format` should take the integer
+/// path on `path`. K-quants do only where they have tiles (AVX-512): their
+/// row dots at prefill are slower than the f32 panels (1B 512 × 2048 × 2048
+/// on the 2-core Xeon: Q4_K 120–130 ms on AVX2, Q6_K 130–170 ms on AVX-512,
+/// against 100 ms for the panels).
+pub(crate) fn integer_prefill(path: Path, format: QuantFormat) -> bool {
+    // the paths with tile kernels (`Path::Scalar` is for tests)
+    let tiles = match path {
+        #[cfg(target_arch = "x86_64")]
+        Path::Avx512Vnni => true,
+        _ => false,
+    };
+    match format {
+        QuantFormat::Q4_K | QuantFormat::Q5_K | QuantFormat::Q6_K => tiles,
+        _ => true,
     }
 }
 
@@ -102,6 +159,9 @@ fn gemm_rows_on(path: Path, w: WeightRows<'_>, x: &QuantizedRows, m: usize, out:
         1 => gemm_rows_of::<1>(path, w, x, m, out),
         3 => gemm_rows_of::<3>(path, w, x, m, out),
         4 => gemm_rows_of::<4>(path, w, x, m, out),
+        5 => gemm_rows_of::<5>(path, w, x, m, out),
+        6 => gemm_rows_of::<6>(path, w, x, m, out),
+        7 => gemm_rows_of::<7>(path, w, x, m, out),
         _ => gemm_rows_of::<2>(path, w, x, m, out),
     }
 }
@@ -117,18 +177,23 @@ fn gemm_rows_of<const F: u8>(
     if m == 0 {
         return;
     }
-    let mut panel = Panel::new(x);
+    let mut panel = Panel::new(x, F == 7);
     for (p, dst) in out.chunks_mut(NR * m).enumerate() {
         let live = dst.len() / m;
         panel.fill::<F>(w.skip(p * NR), live, x.nb);
         let mut r = 0;
         while r < m {
             let tile = (m - r).min(MR);
-            match tile {
-                1 => tile_into::<1>(path, &panel, x, r, m, dst),
-                2 => tile_into::<2>(path, &panel, x, r, m, dst),
-                3 => tile_into::<3>(path, &panel, x, r, m, dst),
-                _ => tile_into::<4>(path, &panel, x, r, m, dst),
+            const TWO: bool = false;
+            match (tile, F == 7) {
+                (1, TWO) => tile_into::<1, TWO>(path, &panel, x, r, m, dst),
+                (2, TWO) => tile_into::<2, TWO>(path, &panel, x, r, m, dst),
+                (3, TWO) => tile_into::<3, TWO>(path, &panel, x, r, m, dst),
+                (_, TWO) => tile_into::<4, TWO>(path, &panel, x, r, m, dst),
+                (1, _) => tile_into::<1, true>(path, &panel, x, r, m, dst),
+                (2, _) => tile_into::<2, true>(path, &panel, x, r, m, dst),
+                (3, _) => tile_into::<3, true>(path, &panel, x, r, m, dst),
+                (_, _) => tile_into::<4, true>(path, &panel, x, r, m, dst),
             }
             r += tile;
         }
@@ -136,9 +201,10 @@ fn gemm_rows_of<const F: u8>(
 }
 
 /// One tile: rows `r0..r0 + R` of x against the panel, into the panel's
-/// live rows of `dst` ([live, m]).
+/// live rows of `dst` ([live, m]); `TWO` for a panel of two scales per
+/// block (Q6_K).
 #[inline(always)]
-fn tile_into<const R: usize>(
+fn tile_into<const R: usize, const TWO: bool>(
     path: Path,
     panel: &Panel,
     x: &QuantizedRows,
@@ -150,8 +216,8 @@ fn tile_into<const R: usize>(
         #[cfg(target_arch = "x86_64")]
         // SAFETY: only `gemm_rows_avx512` passes this path, on a processor
         // that has its features
-        Path::Avx512Vnni => unsafe { x86::tile_avx512::<R>(panel, x, r0) },
-        _ => tile_scalar::<R>(panel, x, r0),
+        Path::Avx512Vnni => unsafe { x86::tile_avx512::<R, TWO>(panel, x, r0) },
+        _ => tile_scalar::<R, TWO>(panel, x, r0),
     };
     for (c, d) in dst.chunks_exact_mut(m).enumerate() {
         d[r0..r0 + R].copy_from_slice(&v[c]);
@@ -159,17 +225,35 @@ fn tile_into<const R: usize>(
 }
 
 /// The definition: per block, the integer dot of the quants scaled by
-/// `dw · dx`, plus `mw · sx`.
-fn tile_scalar<const R: usize>(p: &Panel, x: &QuantizedRows, r0: usize) -> [[f32; R]; NR] {
+/// `dw · dx`, plus `mw · sx`; with `TWO` (Q6_K), per half of the block the
+/// dot of `u - 32` scaled by the half's `dw`, summed in f64 (as the row
+/// dots' definition, for the same reason).
+fn tile_scalar<const R: usize, const TWO: bool>(
+    p: &Panel,
+    x: &QuantizedRows,
+    r0: usize,
+) -> [[f32; R]; NR] {
     let mut out = [[0f32; R]; NR];
     for (c, o) in out.iter_mut().enumerate() {
         for (i, o) in o.iter_mut().enumerate() {
             let (q, d, s) = (x.q_row(r0 + i), x.d_row(r0 + i), x.s_row(r0 + i));
             let mut acc = 0f32;
+            let mut acc2 = 0f64;
             for b in 0..x.nb {
                 let (g, t) = (b / GB, b % GB);
                 let u = &p.u[(g * NR + c) * GB * QB..][..GB * QB];
                 let qg = &q[g * GB * QB..][..GB * QB];
+                if TWO {
+                    let lane = (g * NR + c) * 16 + t * 4;
+                    for (h, dw) in [p.dw[lane], p.dw2[lane]].into_iter().enumerate() {
+                        let dot: i32 = (0..16)
+                            .map(|e| h * GB * 16 + t * 16 + e)
+                            .map(|e| (i32::from(u[e]) - 32) * i32::from(qg[e]))
+                            .sum();
+                        acc2 += f64::from(dw * d[b] * dot as f32);
+                    }
+                    continue;
+                }
                 let dot: i32 = (0..16)
                     .flat_map(|e| [t * 16 + e, GB * 16 + t * 16 + e])
                     .map(|e| i32::from(u[e]) * i32::from(qg[e]))
@@ -177,7 +261,7 @@ fn tile_scalar<const R: usize>(p: &Panel, x: &QuantizedRows, r0: usize) -> [[f32
                 let dw = p.dw[(g * NR + c) * 16 + t * 4];
                 acc += dw * d[b] * dot as f32 + p.mw[c * p.nbp + b] * s[b];
             }
-            *o = acc;
+            *o = if TWO { acc2 as f32 } else { acc };
         }
     }
     out
@@ -201,10 +285,13 @@ mod x86 {
     /// Per group of 4 blocks and pair (row of x, row of the panel): two
     /// `vpdpbusd` (first and last 16 quants of the 4 blocks), converted and
     /// scaled by `dw · dx` spread over the lanes of each block. The minima
-    /// times the sums of x are added 16 blocks at a time at the end.
+    /// times the sums of x are added 16 blocks at a time at the end. With
+    /// `TWO` (Q6_K), the two dots are kept apart, each less `32 Σ q` (one
+    /// `vpdpbusd` of 32s per row of x and group, shared by the panel's
+    /// rows), and scaled by their own `dw`.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma")]
-    pub(super) unsafe fn tile_avx512<const R: usize>(
+    pub(super) unsafe fn tile_avx512<const R: usize, const TWO: bool>(
         p: &Panel,
         x: &QuantizedRows,
         r0: usize,
@@ -215,6 +302,7 @@ mod x86 {
         let spread = _mm512_srli_epi32::<2>(_mm512_setr_epi32(
             0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15,
         ));
+        let m32 = _mm512_set1_epi8(32);
         let mut qs: [&[i8]; R] = [&[]; R];
         let mut ds: [&[f32]; R] = [&[]; R];
         for i in 0..R {
@@ -229,11 +317,15 @@ mod x86 {
             let mut wl = [_mm512_setzero_si512(); NR];
             let mut wh = [_mm512_setzero_si512(); NR];
             let mut wd = [_mm512_setzero_ps(); NR];
+            let mut wd2 = [_mm512_setzero_ps(); NR];
             for c in 0..NR {
                 unsafe {
                     wl[c] = _mm512_loadu_si512(u[c * G..].as_ptr().cast());
                     wh[c] = _mm512_loadu_si512(u[c * G + G / 2..].as_ptr().cast());
                     wd[c] = _mm512_loadu_ps(dw[c * 16..].as_ptr());
+                    if TWO {
+                        wd2[c] = _mm512_loadu_ps(p.dw2[(g * NR + c) * 16..].as_ptr());
+                    }
                 }
             }
             for i in 0..R {
@@ -246,6 +338,25 @@ mod x86 {
                     )
                 };
                 let dx = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(d4));
+                if TWO {
+                    let zero = _mm512_setzero_si512();
+                    let (sl, sh) = (
+                        _mm512_dpbusd_epi32(zero, m32, xl),
+                        _mm512_dpbusd_epi32(zero, m32, xh),
+                    );
+                    for c in 0..NR {
+                        let dl = _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, wl[c], xl), sl);
+                        let dh = _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, wh[c], xh), sh);
+                        let a = _mm512_fmadd_ps(
+                            _mm512_cvtepi32_ps(dl),
+                            _mm512_mul_ps(wd[c], dx),
+                            acc[i][c],
+                        );
+                        acc[i][c] =
+                            _mm512_fmadd_ps(_mm512_cvtepi32_ps(dh), _mm512_mul_ps(wd2[c], dx), a);
+                    }
+                    continue;
+                }
                 for c in 0..NR {
                     let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wl[c], xl);
                     let dot = _mm512_dpbusd_epi32(dot, wh[c], xh);
@@ -278,7 +389,7 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quant::QuantFormat;
+    use crate::backend::cpu::qdot::tests::{FORMATS, lengths, quantize};
 
     fn values(n: usize, seed: u64) -> Vec<f32> {
         use rand::{Rng, SeedableRng};
@@ -286,16 +397,6 @@ mod tests {
         (0..n)
             .map(|_| rng.sample(rand_distr::StandardNormal))
             .collect()
-    }
-
-    fn quantize(format: QuantFormat, v: &[f32]) -> Vec<u8> {
-        match format {
-            QuantFormat::Q8_0 => crate::quant::quantize_q8_0(v),
-            QuantFormat::Q4_0 => crate::quant::quantize_q4_0(v),
-            QuantFormat::Q5_0 => crate::quant::quantize_q5_0(v),
-            QuantFormat::Q5_1 => crate::quant::quantize_q5_1(v),
-            _ => crate::quant::quantize_q4_1(v),
-        }
     }
 
     /// ‖a - b‖ / ‖b‖
@@ -309,20 +410,17 @@ mod tests {
     fn tiles_match_the_row_dots() {
         // m and n not multiples of the tile, k of one block, of groups cut
         // short and of more than 64 blocks; a task that starts past row 0
-        let formats = [
-            QuantFormat::Q8_0,
-            QuantFormat::Q4_0,
-            QuantFormat::Q4_1,
-            QuantFormat::Q5_0,
-        ];
-        for &k in &[32, 64, 96, 160, 576, 2048 + 32] {
-            for &(m, n) in &[(1, 1), (3, 5), (4, 4), (8, 9), (13, 6), (33, 17)] {
-                let xs = values(m * k, (k * 31 + m) as u64);
-                let ws = values(n * k, (k * 17 + n) as u64 + 5);
-                for format in formats {
+        let paths = Path::available();
+        for format in FORMATS {
+            for &k in lengths(format) {
+                // per path, all values of this k (got, want)
+                let mut all = vec![(Vec::new(), Vec::new()); paths.len()];
+                for &(m, n) in &[(1, 1), (3, 5), (4, 4), (8, 9), (13, 6), (33, 17)] {
+                    let xs = values(m * k, (k * 31 + m) as u64);
+                    let ws = values(n * k, (k * 17 + n) as u64 + 5);
                     let wb = quantize(format, &ws);
                     let rb = format.bytes_for(k);
-                    for path in Path::available() {
+                    for (&path, all) in paths.iter().zip(&mut all) {
                         let xq = QuantizedRows::new(path, &xs, m, k);
                         let mut want = vec![0f32; n * m];
                         crate::backend::cpu::qdot::dot_rows(
@@ -342,7 +440,9 @@ mod tests {
                                 &mut got,
                             );
                             // per value (the offsets of Q4_0 and Q8_0 cancel much
-                            // of the sum), and over all values
+                            // of the sum), and below over all values of this k
+                            // (one value alone may cancel to next to nothing:
+                            // Q6_K's random rows have no offset)
                             let want = &want[j0 * m..];
                             for (i, (g, w)) in got.iter().zip(want).enumerate() {
                                 assert!(
@@ -350,10 +450,14 @@ mod tests {
                                     "{format} {path:?} k {k} m {m} n {n} j0 {j0} [{i}]: {g} vs {w}"
                                 );
                             }
-                            let e = rel_err(&got, want);
-                            assert!(e < 1e-5, "{format} {path:?} k {k} m {m} n {n}: {e}");
+                            all.0.extend_from_slice(&got);
+                            all.1.extend_from_slice(want);
                         }
                     }
+                }
+                for (path, (got, want)) in paths.iter().zip(&all) {
+                    let e = rel_err(got, want);
+                    assert!(e < 1e-5, "{format} {path:?} k {k}: {e}");
                 }
             }
         }

@@ -8,9 +8,12 @@
 //! compiler vectorizes them, and are compiled a second time for AVX2/FMA and
 //! AVX-512 where the processor has them (chosen at run time).
 //!
-//! With 8-bit activations (the default), Q4_0 / Q4_1 / Q8_0 take integer
-//! kernels instead: row dots (`qdot`) for fewer than `GEMM_MIN_M` rows of x,
-//! tiles over decoded panels of 4 weight rows (`qgemm`) from there on.
+//! With 8-bit activations (the default), Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0
+//! and the K-quants take integer kernels instead: row dots (`qdot`) for
+//! fewer than `GEMM_MIN_M` rows of x, tiles over decoded panels of 4 weight
+//! rows (`qgemm`) from there on. K-quants without tiles on the path
+//! (`qgemm::integer_prefill`) take the f32 panels there, with x rounded to
+//! 8 bits as the integer kernels round it.
 
 use rayon::prelude::*;
 
@@ -46,17 +49,21 @@ pub fn qmatmul(
     let k = x.shape().last().copied().unwrap_or(0);
     let n = out_shape.last().copied().unwrap_or(0);
     let m = x.numel().checked_div(k).unwrap_or(0);
-    let xs = host(x).gather_f32(x.layout());
+    let mut xs = host(x).gather_f32(x.layout());
     let wb: &[u8] = host(w).as_bytes();
     let row_bytes = format.bytes_for(k);
     // results transposed, [n, m]: each task owns a run of weight rows
     let mut out_t = vec![0f32; n * m];
+    // 8-bit activations unless the exact path is asked for
+    // (`crate::set_cpu_int8_activations`)
+    let int8 = if qdot::supports(format) && super::int8_now() {
+        qdot::Path::detect()
+    } else {
+        None
+    };
     if m > 0 && n > 0 {
-        // 8-bit activations unless the exact path is asked for
-        // (`crate::set_cpu_int8_activations`)
-        if qdot::supports(format)
-            && super::int8_now()
-            && let Some(path) = qdot::Path::detect()
+        if let Some(path) = int8
+            && (m < GEMM_MIN_M || qgemm::integer_prefill(path, format))
         {
             let xq = qdot::QuantizedRows::new(path, &xs, m, k);
             let w = qdot::WeightRows::new(format, wb, row_bytes);
@@ -79,7 +86,7 @@ pub fn qmatmul(
                     qdot::dot_rows(path, w.skip(t * rows), &xq, m, dst);
                 });
             }
-        } else if m <= DOT_MAX_M {
+        } else if m <= DOT_MAX_M && int8.is_none() {
             // sums of each run of 16 values of x (the groups' offsets multiply them)
             let sums: Vec<f32> = xs.chunks_exact(16).map(|c| c.iter().sum()).collect();
             // runs of at least DOT_TASK rows, up to 4 per thread
@@ -93,6 +100,12 @@ pub fn qmatmul(
                 }
             });
         } else {
+            if let Some(path) = int8 {
+                // a product the integer kernels would be slower at: the
+                // panels with x rounded as those kernels round it, so that
+                // its numbers do not depend on the path
+                qdot::round_to_8_bits(path, &mut xs);
+            }
             // about two panels per thread, whole 16s of rows
             let threads = rayon::current_num_threads().max(1);
             let panel = (n.div_ceil(2 * threads).next_multiple_of(16)).clamp(PANEL, 1024);
