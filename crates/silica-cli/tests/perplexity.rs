@@ -187,6 +187,15 @@ fn a_run_compared_with_its_own_saved_logits_agrees() {
     let out = perplexity(&file, &["--kl-base", s(&base), "--chunks", "1"]);
     assert!(out.status.success(), "{out:?}");
     assert_eq!(value(&stdout(&out), "Same top p:"), 100.0);
+
+    // --decode: the same positions scored as decode steps agree with the prompt's
+    let out = perplexity(&file, &["--kl-base", s(&base), "--decode", "--chunks", "2"]);
+    assert!(out.status.success(), "{out:?}");
+    let text = stdout(&out);
+    assert!(value(&text, "Mean    KLD:").abs() < 1e-5, "{text}");
+    assert_eq!(value(&text, "Same top p:"), 100.0, "{text}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("decode steps"), "{stderr}");
 }
 
 #[test]
