@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use silica::{DType, Device, Tensor};
 use silica_models::gguf::GgufFile;
-use silica_models::llama::{Llama, LoadOptions, PickedStep, PoolStep};
+use silica_models::llama::{KvPool, Llama, LoadOptions, PickedStep, PoolStep};
 
 const STEPS: usize = 128;
 
@@ -55,16 +55,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let single = STEPS as f64 / t0.elapsed().as_secs_f64();
 
         // the pool, read back every step
-        let mut pool = model.new_pool(seqs)?;
-        let slots: Vec<usize> = (0..seqs).filter_map(|_| pool.acquire()).collect();
-        let steps: Vec<PoolStep> = slots
-            .iter()
-            .map(|&slot| PoolStep { slot, ids: &prompt })
-            .collect();
-        let mut next: Vec<u32> = model
-            .forward_pooled(&mut pool, &steps)?
-            .argmax(-1, false)?
-            .to_vec()?;
+        let (mut pool, slots, first) = prompted(&model, seqs, &prompt)?;
+        let mut next: Vec<u32> = first.to_vec()?;
         let t0 = Instant::now();
         for _ in 0..STEPS {
             let ids: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
@@ -81,17 +73,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let pooled = STEPS as f64 / t0.elapsed().as_secs_f64();
 
         // the pool, each step queued on the last one's argmax first
-        let mut pool = model.new_pool(seqs)?;
-        let slots: Vec<usize> = (0..seqs).filter_map(|_| pool.acquire()).collect();
-        let steps: Vec<PoolStep> = slots
-            .iter()
-            .map(|&slot| PoolStep { slot, ids: &prompt })
-            .collect();
         if round == 1 && device.info().timestamps {
             device.reset_profile();
             device.set_profiling(true);
         }
-        let mut picks: Tensor = model.forward_pooled(&mut pool, &steps)?.argmax(-1, false)?;
+        let (mut pool, slots, mut picks) = prompted(&model, seqs, &prompt)?;
         let picked: Vec<PickedStep> = slots
             .iter()
             .enumerate()
@@ -132,4 +118,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     Ok(())
+}
+
+/// A pool of `seqs` slots, each fed `prompt`, and the argmax of that step.
+fn prompted(
+    model: &Llama,
+    seqs: usize,
+    prompt: &[u32],
+) -> Result<(KvPool, Vec<usize>, Tensor), Box<dyn std::error::Error>> {
+    let mut pool = model.new_pool(seqs)?;
+    let slots: Vec<usize> = (0..seqs).filter_map(|_| pool.acquire()).collect();
+    let steps: Vec<PoolStep> = slots
+        .iter()
+        .map(|&slot| PoolStep { slot, ids: prompt })
+        .collect();
+    let picks = model.forward_pooled(&mut pool, &steps)?.argmax(-1, false)?;
+    Ok((pool, slots, picks))
 }

@@ -304,6 +304,23 @@ fn picked_tokens_match_host_tokens() {
                 .unwrap();
             host = picks.to_vec().unwrap();
         }
+        // every slot fed its own row, in order: the picks as they are
+        let ids: Vec<[u32; 1]> = host.iter().map(|&t| [t]).collect();
+        let steps: Vec<PoolStep> = (0..3)
+            .map(|slot| PoolStep {
+                slot,
+                ids: &ids[slot],
+            })
+            .collect();
+        let want = rows(&model.forward_pooled(&mut by_host, &steps).unwrap());
+        let picked: Vec<PickedStep> = (0..3).map(|slot| PickedStep { slot, row: slot }).collect();
+        let got = model
+            .forward_pooled_picked(&mut by_device, &[], &picked, Some(&picks))
+            .unwrap();
+        for (i, (g, w)) in rows(&got).iter().zip(&want).enumerate() {
+            let d = max_diff(g, w);
+            assert!(d < 2e-3, "{dev:?}: in-order picks, row {i} differs by {d}");
+        }
         let before: Vec<usize> = (0..3).map(|s| by_device.len(s)).collect();
         let t = silica::Tensor::from_vec(vec![3u32], &[1], &dev).unwrap();
         for (picked, picks) in [

@@ -318,11 +318,10 @@ impl<'a> Runner<'a> {
     /// a GPU, where the queue runs ahead of the host).
     fn can_queue_ahead(&self, seqs: &[Seq<'a>], p: &Queued) -> bool {
         self.model.device().is_gpu()
-            && p.feeds.iter().filter(|f| f.emits).all(|f| {
-                seqs.iter()
-                    .find(|s| s.id == f.seq)
-                    .is_none_or(|s| s.sampler.is_argmax())
-            })
+            && p.feeds
+                .iter()
+                .filter(|f| f.emits)
+                .all(|f| greedy(seqs, f.seq))
     }
 
     /// What each sequence feeds the next step. With `pending` (queued
@@ -397,13 +396,7 @@ impl<'a> Runner<'a> {
             pending.map(|p| &p.argmax),
         )?;
         let argmax = logits.argmax(-1, false)?;
-        let samples = feeds.iter().any(|f| {
-            f.emits
-                && seqs
-                    .iter()
-                    .find(|s| s.id == f.seq)
-                    .is_some_and(|s| !s.sampler.is_argmax())
-        });
+        let samples = feeds.iter().any(|f| f.emits && !greedy(seqs, f.seq));
         let logits_read = if samples {
             Some(logits.read_later()?)
         } else {
@@ -423,15 +416,7 @@ impl<'a> Runner<'a> {
     /// the step queued after it (a sequence fed there from `q`'s argmax
     /// already has its token in flight).
     fn read(&self, seqs: &mut [Seq<'a>], q: Queued, next: &[Feed]) {
-        let greedy: Vec<bool> = q
-            .feeds
-            .iter()
-            .map(|f| {
-                seqs.iter()
-                    .find(|s| s.id == f.seq)
-                    .is_none_or(|s| s.sampler.is_argmax())
-            })
-            .collect();
+        let greedy: Vec<bool> = q.feeds.iter().map(|f| greedy(seqs, f.seq)).collect();
         let (feeds, started) = (q.feeds, q.started);
         let logits = match Logits::read(q.argmax_read, q.logits_read, &greedy) {
             Ok(l) => l,
@@ -594,6 +579,14 @@ impl<'a> Runner<'a> {
         self.metrics
             .set_load(self.queued.load(Ordering::SeqCst), seqs.len());
     }
+}
+
+/// Whether sequence `id` picks its tokens greedily (true of one that is
+/// gone: its row is dropped whatever it holds).
+fn greedy(seqs: &[Seq<'_>], id: u64) -> bool {
+    seqs.iter()
+        .find(|s| s.id == id)
+        .is_none_or(|s| s.sampler.is_argmax())
 }
 
 fn fail(job: &Job, e: &silica_models::Error) {

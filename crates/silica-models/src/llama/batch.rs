@@ -344,13 +344,22 @@ impl Llama {
         let mut x = match picks {
             None => self.embed_rows(ids)?,
             Some(p) => {
-                let rows: Vec<u32> = picked.iter().map(|q| q.row as u32).collect();
-                let rows = Tensor::from_vec(rows, &[picked.len()], &self.device)?;
-                let from_device = p.to_device(&self.device)?.index_select(0, &rows)?;
+                let p = p.to_device(&self.device)?;
+                // the usual decode step feeds every pick in order: no gather
+                let in_order = picked.len() == p.shape()[0]
+                    && picked.iter().enumerate().all(|(i, q)| q.row == i);
+                let from_device = if in_order {
+                    p
+                } else {
+                    let rows: Vec<u32> = picked.iter().map(|q| q.row as u32).collect();
+                    let rows = Tensor::from_vec(rows, &[picked.len()], &self.device)?;
+                    p.index_select(0, &rows)?
+                };
                 let all = if ids.is_empty() {
                     from_device
                 } else {
-                    let host = Tensor::from_vec(ids, &[rows_of(steps)], &self.device)?;
+                    let n = ids.len();
+                    let host = Tensor::from_vec(ids, &[n], &self.device)?;
                     Tensor::cat(&[&host, &from_device], 0)?
                 };
                 self.embed_tensor(&all)?
@@ -380,11 +389,6 @@ impl Llama {
         }
         self.last_logits(&x, last)
     }
-}
-
-/// The tokens of `steps`.
-fn rows_of(steps: &[PoolStep<'_>]) -> usize {
-    steps.iter().map(|s| s.ids.len()).sum()
 }
 
 /// A sequence of a pooled step whose one new token is row `row` of a
