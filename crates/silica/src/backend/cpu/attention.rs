@@ -12,138 +12,349 @@ use rayon::prelude::*;
 
 use super::PAR_MIN;
 
-/// The inputs of one attention, contiguous.
+/// The inputs of one attention: q contiguous, k and v as views whose rows
+/// of `d` are contiguous (a KV cache is read where it lies).
 pub(super) struct Inputs<'a> {
     /// [b, tq, h, d]
     pub q: &'a [f32],
-    /// [b, tk, kvh, d]
+    /// [b, tk, kvh, d] at `kv_strides`
     pub k: &'a [f32],
-    /// [b, tk, kvh, d]
+    /// [b, tk, kvh, d] at `kv_strides`
     pub v: &'a [f32],
+    /// The strides of k and v over (batch, key, head); each row of `d` is contiguous.
+    pub kv_strides: [usize; 3],
     /// The compact mask and its strides over (batch, head, query, key).
     pub mask: Option<(&'a [f32], &'a [usize])>,
     /// b, tq, h, d, tk, kvh
     pub dims: [usize; 6],
 }
 
+impl Inputs<'_> {
+    /// The contiguous strides of k and v of `dims`.
+    pub fn packed_kv(dims: [usize; 6]) -> [usize; 3] {
+        let [_, _, _, d, tk, kvh] = dims;
+        [tk * kvh * d, kvh * d, d]
+    }
+}
+
 /// `y` [b, tq, h, d] = softmax(q kᵀ · scale + mask) v, keys after a
 /// query's position hidden when `causal` (with tk - tq cached positions
 /// before the first query).
 pub(super) fn attention_f32(x: &Inputs<'_>, scale: f32, causal: bool, y: &mut [f32]) {
-    let [_, _, h, d, _, _] = x.dims;
-    if d == 0 || h == 0 {
+    attention_on(crate::cpu_isa(), x, scale, causal, y)
+}
+
+/// [`attention_f32`] through the kernel of `isa` (at most what the processor has).
+fn attention_on(isa: crate::CpuIsa, x: &Inputs<'_>, scale: f32, causal: bool, y: &mut [f32]) {
+    let [_, _, h, d, tk, kvh] = x.dims;
+    if d == 0 || h == 0 || kvh == 0 {
         return;
     }
-    let run = |scores: &mut Vec<f32>, (pos, o): (usize, &mut [f32])| {
-        position(x, scale, causal, pos, scores, o);
+    // one task per query position and KV head: the heads that share the
+    // KV head read each key and value row once
+    let chunk = h / kvh * d;
+    let run = |scores: &mut Vec<f32>, t: usize, o: &mut [f32]| {
+        group(isa, x, scale, causal, t / kvh, t % kvh, scores, o);
     };
     if y.len() >= PAR_MIN {
-        y.par_chunks_mut(h * d)
+        y.par_chunks_mut(chunk)
             .enumerate()
-            .for_each_init(Vec::new, run);
+            .for_each_init(Vec::new, |s, (t, o)| run(s, t, o));
+    } else if y.len() * tk >= DECODE_PAR_MIN {
+        // a decode step over a long context: on the spinning pool
+        super::spin::for_each_chunk(y, chunk, |t, o| {
+            SCORES.with_borrow_mut(|s| run(s, t, o));
+        });
     } else {
         let mut scores = Vec::new();
-        y.chunks_mut(h * d)
-            .enumerate()
-            .for_each(|p| run(&mut scores, p));
+        for (t, o) in y.chunks_mut(chunk).enumerate() {
+            run(&mut scores, t, o);
+        }
     }
 }
 
-/// The heads of query position `pos` (batch-major) into `o` [h, d].
-fn position(
+/// Multiply-adds (queries' values times keys) from which a step of few
+/// query positions is split over threads.
+const DECODE_PAR_MIN: usize = 1 << 16;
+
+thread_local! {
+    /// The scores of a task on the spinning pool.
+    static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The heads of query position `pos` (batch-major) that read KV head `kv`
+/// into `o` [h / kvh, d].
+#[allow(clippy::too_many_arguments)]
+fn group(
+    isa: crate::CpuIsa,
     x: &Inputs<'_>,
     scale: f32,
     causal: bool,
     pos: usize,
+    kv: usize,
     scores: &mut Vec<f32>,
     o: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
     {
-        let isa = crate::cpu_isa();
         if isa >= crate::CpuIsa::Avx512 {
             // SAFETY: cpu_isa is never above what the processor has, which covers
             // the features the function is compiled for
-            return unsafe { position_avx512(x, scale, causal, pos, scores, o) };
+            return unsafe { x86::group_avx512(x, scale, causal, pos, kv, scores, o) };
         }
         if isa >= crate::CpuIsa::Avx2 {
             // SAFETY: as above
-            return unsafe { position_avx2(x, scale, causal, pos, scores, o) };
+            return unsafe { group_avx2(x, scale, causal, pos, kv, scores, o) };
         }
     }
-    position_any(x, scale, causal, pos, scores, o)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
-fn position_avx512(
-    x: &Inputs<'_>,
-    scale: f32,
-    causal: bool,
-    pos: usize,
-    scores: &mut Vec<f32>,
-    o: &mut [f32],
-) {
-    position_any(x, scale, causal, pos, scores, o)
+    group_any(x, scale, causal, pos, kv, scores, o)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-fn position_avx2(
+fn group_avx2(
     x: &Inputs<'_>,
     scale: f32,
     causal: bool,
     pos: usize,
+    kv: usize,
     scores: &mut Vec<f32>,
     o: &mut [f32],
 ) {
-    position_any(x, scale, causal, pos, scores, o)
+    group_any(x, scale, causal, pos, kv, scores, o)
+}
+
+/// Where query position `pos` is: its batch, its row, and how many keys
+/// it sees.
+#[inline(always)]
+fn place(x: &Inputs<'_>, causal: bool, pos: usize) -> (usize, usize, usize) {
+    let [_, tq, _, _, tk, _] = x.dims;
+    let (bi, i) = (pos / tq, pos % tq);
+    (bi, i, if causal { i + (tk - tq) + 1 } else { tk })
+}
+
+/// Adds the mask of head `hi` to `scores` of query `(bi, i)`.
+#[inline(always)]
+fn add_mask(x: &Inputs<'_>, bi: usize, hi: usize, i: usize, scores: &mut [f32]) {
+    if let Some((m, ms)) = x.mask {
+        let at = bi * ms[0] + hi * ms[1] + i * ms[2];
+        for (j, s) in scores.iter_mut().enumerate() {
+            *s += m[at + j * ms[3]];
+        }
+    }
+}
+
+/// `scores` ← their softmax's numerators; returns 1 / their sum.
+#[inline(always)]
+fn softmax_in_place(scores: &mut [f32]) -> f32 {
+    let max = scores.iter().fold(f32::NEG_INFINITY, |a, &s| a.max(s));
+    for s in scores.iter_mut() {
+        *s = exp(*s - max);
+    }
+    // 0 / 0 = NaN when no key is visible, as in PyTorch
+    1.0 / sum(scores)
 }
 
 #[inline(always)]
-fn position_any(
+fn group_any(
     x: &Inputs<'_>,
     scale: f32,
     causal: bool,
     pos: usize,
+    kv: usize,
     scores: &mut Vec<f32>,
     o: &mut [f32],
 ) {
-    let [_, tq, h, d, tk, kvh] = x.dims;
-    let (bi, i) = (pos / tq, pos % tq);
+    let [_, _, h, d, _, kvh] = x.dims;
+    let (bi, i, visible) = place(x, causal, pos);
     let group = h / kvh;
-    let visible = if causal { i + (tk - tq) + 1 } else { tk };
     scores.clear();
     scores.resize(visible, 0.0);
-    for (hi, o) in o.chunks_exact_mut(d).enumerate() {
-        let kv = hi / group;
+    let [sb, sj, sh] = x.kv_strides;
+    let at = |j: usize| bi * sb + j * sj + kv * sh;
+    for (g, o) in o.chunks_exact_mut(d).enumerate() {
+        let hi = kv * group + g;
         let q = &x.q[(pos * h + hi) * d..][..d];
-        let at = |j: usize| ((bi * tk + j) * kvh + kv) * d;
         for (j, s) in scores.iter_mut().enumerate() {
             *s = dot(q, &x.k[at(j)..][..d]) * scale;
         }
-        if let Some((m, ms)) = x.mask {
-            let at = bi * ms[0] + hi * ms[1] + i * ms[2];
-            for (j, s) in scores.iter_mut().enumerate() {
-                *s += m[at + j * ms[3]];
-            }
-        }
-        let max = scores.iter().fold(f32::NEG_INFINITY, |a, &s| a.max(s));
-        for s in scores.iter_mut() {
-            *s = exp(*s - max);
-        }
-        let sum: f32 = sum(scores);
+        add_mask(x, bi, hi, i, scores);
+        let inv = softmax_in_place(scores);
         o.fill(0.0);
         for (j, &p) in scores.iter().enumerate() {
             for (a, &v) in o.iter_mut().zip(&x.v[at(j)..][..d]) {
                 *a += p * v;
             }
         }
-        // 0 / 0 = NaN when no key is visible, as in PyTorch
-        let inv = 1.0 / sum;
         for a in o.iter_mut() {
             *a *= inv;
         }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    //! The AVX-512 kernel: up to 4 heads of a KV head at once, so that each
+    //! key and value row is read once for all of them; the scores of 4 keys
+    //! summed across lanes together.
+
+    use super::{Inputs, add_mask, place, softmax_in_place};
+    use std::arch::x86_64::*;
+
+    /// Heads handled together (their accumulators stay in registers).
+    const HB: usize = 4;
+
+    #[target_feature(enable = "avx512f,avx512vl,avx512dq,avx2,fma")]
+    pub(super) fn group_avx512(
+        x: &Inputs<'_>,
+        scale: f32,
+        causal: bool,
+        pos: usize,
+        kv: usize,
+        scores: &mut Vec<f32>,
+        o: &mut [f32],
+    ) {
+        let [_, _, h, d, _, kvh] = x.dims;
+        let (bi, i, n) = place(x, causal, pos);
+        let group = h / kvh;
+        let [sb, sj, sh] = x.kv_strides;
+        let base = bi * sb + kv * sh;
+        // the last key's row ends inside k and v (checked once, so that
+        // the loads below stay inside them; the op layer checked the shapes)
+        let end = base + n.saturating_sub(1) * sj + d;
+        assert!(
+            n == 0 || (end <= x.k.len() && end <= x.v.len()),
+            "attention rows out of bounds"
+        );
+        let chunks = d.div_ceil(16);
+        // lanes of the last chunk of 16
+        let tail: __mmask16 = if d % 16 == 0 {
+            0xffff
+        } else {
+            (1 << (d % 16)) - 1
+        };
+        let mask = |c: usize| if c + 1 == chunks { tail } else { 0xffff };
+        scores.clear();
+        scores.resize(group * n, 0.0);
+        for h0 in (0..group).step_by(HB) {
+            let hb = (group - h0).min(HB);
+            let q = |g: usize| x.q[(pos * h + kv * group + h0 + g) * d..].as_ptr();
+            // scores: 4 keys at a time
+            let mut j = 0;
+            while j + 4 <= n {
+                let mut acc = [[_mm512_setzero_ps(); 4]; HB];
+                for c in 0..chunks {
+                    let m = mask(c);
+                    let mut ks = [_mm512_setzero_ps(); 4];
+                    for (kk, kv) in ks.iter_mut().enumerate() {
+                        // SAFETY: rows of d values from checked starts
+                        *kv = unsafe {
+                            _mm512_maskz_loadu_ps(
+                                m,
+                                x.k.as_ptr().add(base + (j + kk) * sj + 16 * c),
+                            )
+                        };
+                    }
+                    for (g, a) in acc.iter_mut().enumerate().take(hb) {
+                        // SAFETY: q's rows hold d values
+                        let qv = unsafe { _mm512_maskz_loadu_ps(m, q(g).add(16 * c)) };
+                        for kk in 0..4 {
+                            a[kk] = _mm512_fmadd_ps(qv, ks[kk], a[kk]);
+                        }
+                    }
+                }
+                for (g, a) in acc.iter().enumerate().take(hb) {
+                    let s = _mm_mul_ps(sum4(a), _mm_set1_ps(scale));
+                    // SAFETY: scores hold group * n values
+                    unsafe { _mm_storeu_ps(scores.as_mut_ptr().add((h0 + g) * n + j), s) };
+                }
+                j += 4;
+            }
+            for j in j..n {
+                for g in 0..hb {
+                    let mut a = _mm512_setzero_ps();
+                    for c in 0..chunks {
+                        let m = mask(c);
+                        // SAFETY: as above
+                        a = unsafe {
+                            _mm512_fmadd_ps(
+                                _mm512_maskz_loadu_ps(m, q(g).add(16 * c)),
+                                _mm512_maskz_loadu_ps(m, x.k.as_ptr().add(base + j * sj + 16 * c)),
+                                a,
+                            )
+                        };
+                    }
+                    scores[(h0 + g) * n + j] = _mm512_reduce_add_ps(a) * scale;
+                }
+            }
+        }
+        let mut inv = vec![0f32; group];
+        for (g, f) in inv.iter_mut().enumerate() {
+            let s = &mut scores[g * n..(g + 1) * n];
+            add_mask(x, bi, kv * group + g, i, s);
+            *f = softmax_in_place(s);
+        }
+        // the weighted sums of the value rows: 4 chunks of 16 of up to 4
+        // heads in registers
+        for h0 in (0..group).step_by(HB) {
+            let hb = (group - h0).min(HB);
+            for c0 in (0..chunks).step_by(4) {
+                let cs = (chunks - c0).min(4);
+                let mut acc = [[_mm512_setzero_ps(); 4]; HB];
+                for j in 0..n {
+                    let row = base + j * sj;
+                    let mut vs = [_mm512_setzero_ps(); 4];
+                    for (cc, v) in vs.iter_mut().enumerate().take(cs) {
+                        let c = c0 + cc;
+                        // SAFETY: as above
+                        *v = unsafe {
+                            _mm512_maskz_loadu_ps(mask(c), x.v.as_ptr().add(row + 16 * c))
+                        };
+                    }
+                    for (g, a) in acc.iter_mut().enumerate().take(hb) {
+                        let p = _mm512_set1_ps(scores[(h0 + g) * n + j]);
+                        for (a, &v) in a.iter_mut().zip(&vs).take(cs) {
+                            *a = _mm512_fmadd_ps(p, v, *a);
+                        }
+                    }
+                }
+                for (g, a) in acc.iter().enumerate().take(hb) {
+                    let f = _mm512_set1_ps(inv[h0 + g]);
+                    for (cc, &a) in a.iter().enumerate().take(cs) {
+                        let c = c0 + cc;
+                        // SAFETY: o holds group rows of d values
+                        unsafe {
+                            _mm512_mask_storeu_ps(
+                                o.as_mut_ptr().add((h0 + g) * d + 16 * c),
+                                mask(c),
+                                _mm512_mul_ps(a, f),
+                            )
+                        };
+                    }
+                }
+            }
+        }
+    }
+
+    /// The sums of the lanes of 4 vectors.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512dq")]
+    fn sum4(a: &[__m512; 4]) -> __m128 {
+        let a01 = _mm512_add_ps(
+            _mm512_unpacklo_ps(a[0], a[1]),
+            _mm512_unpackhi_ps(a[0], a[1]),
+        );
+        let a23 = _mm512_add_ps(
+            _mm512_unpacklo_ps(a[2], a[3]),
+            _mm512_unpackhi_ps(a[2], a[3]),
+        );
+        let (a01, a23) = (_mm512_castps_pd(a01), _mm512_castps_pd(a23));
+        let s = _mm512_add_ps(
+            _mm512_castpd_ps(_mm512_unpacklo_pd(a01, a23)),
+            _mm512_castpd_ps(_mm512_unpackhi_pd(a01, a23)),
+        );
+        let t = _mm256_add_ps(_mm512_castps512_ps256(s), _mm512_extractf32x8_ps::<1>(s));
+        _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps::<1>(t))
     }
 }
 
@@ -159,7 +370,7 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
         }
     }
     let tail: f32 = at.iter().zip(bt).map(|(x, y)| x * y).sum();
-    acc.iter().sum::<f32>() + tail
+    fold(acc) + tail
 }
 
 /// The sum of `v` in 16 lanes.
@@ -172,7 +383,21 @@ fn sum(v: &[f32]) -> f32 {
             acc[l] += x[l];
         }
     }
-    acc.iter().sum::<f32>() + t.iter().sum::<f32>()
+    fold(acc) + t.iter().sum::<f32>()
+}
+
+/// The sum of 16 lanes by halves, which vectorizes (a sum in lane order
+/// is a chain of scalar additions).
+#[inline(always)]
+fn fold(mut acc: [f32; 16]) -> f32 {
+    let mut w = 8;
+    while w > 0 {
+        for l in 0..w {
+            acc[l] += acc[l + w];
+        }
+        w /= 2;
+    }
+    acc[0]
 }
 
 /// `e^x` within 2 ulp (Cephes' polynomial on x - n ln 2), 0 below -87
@@ -213,7 +438,8 @@ mod tests {
             let (bi, i, hi) = (row / (tq * h), (row / h) % tq, row % h);
             let kv = hi / (h / kvh);
             let visible = if causal { i + (tk - tq) + 1 } else { tk };
-            let at = |j: usize| ((bi * tk + j) * kvh + kv) * d;
+            let [sb, sj, sh] = x.kv_strides;
+            let at = |j: usize| bi * sb + j * sj + kv * sh;
             let mut s: Vec<f64> = (0..visible)
                 .map(|j| {
                     let dot: f64 = (0..d)
@@ -258,13 +484,24 @@ mod tests {
     fn matches_the_f64_definition() {
         // d past and short of 16 lanes, grouped heads, cached positions
         // before the queries, a mask broadcast over heads with -inf entries
-        for &(b, tq, tk, h, kvh, d) in &[
+        // (on every path the processor has); 5 heads a KV head (more than
+        // the AVX-512 kernel takes at once), 5 chunks of 16 (more than it
+        // keeps in registers), a decode step over a long context (split
+        // over the spinning pool)
+        let cases = [
             (1, 1, 1, 1, 1, 16),
             (1, 5, 5, 9, 3, 64),
             (2, 3, 7, 4, 2, 20),
             (1, 130, 130, 2, 1, 64),
             (1, 2, 40, 6, 6, 7),
-        ] {
+            (1, 3, 11, 10, 2, 80),
+            (1, 1, 300, 9, 3, 64),
+            (1, 2, 9, 2, 1, 256),
+        ];
+        for (isa, &(b, tq, tk, h, kvh, d)) in crate::cpu_isa_available()
+            .into_iter()
+            .flat_map(|i| cases.iter().map(move |c| (i, c)))
+        {
             let q = values(b * tq * h * d, 1);
             let k = values(b * tk * kvh * d, 2);
             let v = values(b * tk * kvh * d, 3);
@@ -277,22 +514,50 @@ mod tests {
                 .collect();
             let strides = [tq * tk, 0, tk, 1];
             for (causal, masked) in [(true, false), (false, false), (false, true), (true, true)] {
+                let dims = [b, tq, h, d, tk, kvh];
                 let x = Inputs {
                     q: &q,
                     k: &k,
                     v: &v,
+                    kv_strides: Inputs::packed_kv(dims),
                     mask: masked.then_some((&mask[..], &strides[..])),
-                    dims: [b, tq, h, d, tk, kvh],
+                    dims,
                 };
                 let want = reference(&x, 0.3, causal);
                 let mut got = vec![0f32; want.len()];
-                attention_f32(&x, 0.3, causal, &mut got);
+                attention_on(isa, &x, 0.3, causal, &mut got);
+                // the same keys and values read in place from a cache of
+                // spare positions with k and v side by side: the same numbers
+                let cap = tk + 3;
+                let st = [cap * 2 * kvh * d, 2 * kvh * d, d];
+                let mut cache = vec![f32::NAN; b * st[0]];
+                for (bi, j, kv) in (0..b)
+                    .flat_map(|bi| (0..tk).flat_map(move |j| (0..kvh).map(move |kv| (bi, j, kv))))
+                {
+                    let from = ((bi * tk + j) * kvh + kv) * d;
+                    let to = bi * st[0] + j * st[1] + kv * st[2];
+                    cache[to..to + d].copy_from_slice(&k[from..from + d]);
+                    cache[to + kvh * d..to + kvh * d + d].copy_from_slice(&v[from..from + d]);
+                }
+                let viewed = Inputs {
+                    k: &cache,
+                    v: &cache[kvh * d..],
+                    kv_strides: st,
+                    ..x
+                };
+                let mut in_place = vec![0f32; want.len()];
+                attention_on(isa, &viewed, 0.3, causal, &mut in_place);
+                assert_eq!(
+                    got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    in_place.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    "{isa:?} {dims:?} read in place"
+                );
                 for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                     let same =
                         (g.is_nan() && w.is_nan()) || (g - w).abs() <= 1e-5 * w.abs().max(1.0);
                     assert!(
                         same,
-                        "{:?} causal {causal} mask {masked} [{i}]: {g} vs {w}",
+                        "{isa:?} {:?} causal {causal} mask {masked} [{i}]: {g} vs {w}",
                         x.dims
                     );
                 }

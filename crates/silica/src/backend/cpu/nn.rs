@@ -120,6 +120,16 @@ fn compact(t: &Tensor) -> (Vec<f32>, Vec<usize>) {
     (data, strides)
 }
 
+/// The f32 storage under `t` [b, tk, kvh, d] from its first element, and
+/// its strides over (batch, key, head), when its rows of `d` are contiguous.
+fn in_place(t: &Tensor) -> Option<(&[f32], [usize; 3])> {
+    let l = t.layout();
+    match (host(t), l.strides()) {
+        (CpuStorage::F32(v), &[sb, sj, sh, 1]) => Some((&v[l.offset()..], [sb, sj, sh])),
+        _ => None,
+    }
+}
+
 /// `inputs`: `[q, k, v]` or `[q, k, v, mask]`, rank 4 (see `Tensor::attention`).
 /// In f32 with the fast CPU path (`super::int8_now`), else in f64: the
 /// reference of the GPU kernels.
@@ -128,20 +138,42 @@ pub fn attention(inputs: &[&Tensor], scale: f32, causal: bool, out: DType) -> Cp
     let [b, tq, h, d] = [q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]];
     let (tk, kvh) = (k.shape()[1], k.shape()[2]);
     let group = h / kvh;
-    let (qs, ks, vs) = (values(q), values(k), values(v));
+    let packed: (Vec<f32>, Vec<f32>);
     let mask = inputs.get(3).map(|m| compact(m));
     let mut y = vec![0f32; b * tq * h * d];
     if super::int8_now() {
+        let dims = [b, tq, h, d, tk, kvh];
+        let qs = values(q);
+        let x = match (in_place(k), in_place(v)) {
+            // a KV cache's f32 view: read where it lies, no copy a step
+            (Some((ks, kst)), Some((vs, vst))) if kst == vst => super::attention::Inputs {
+                q: &qs,
+                k: ks,
+                v: vs,
+                kv_strides: kst,
+                mask: None,
+                dims,
+            },
+            _ => {
+                packed = (values(k), values(v));
+                super::attention::Inputs {
+                    q: &qs,
+                    k: &packed.0,
+                    v: &packed.1,
+                    kv_strides: super::attention::Inputs::packed_kv(dims),
+                    mask: None,
+                    dims,
+                }
+            }
+        };
         let x = super::attention::Inputs {
-            q: &qs,
-            k: &ks,
-            v: &vs,
             mask: mask.as_ref().map(|(m, ms)| (&m[..], &ms[..])),
-            dims: [b, tq, h, d, tk, kvh],
+            ..x
         };
         super::attention::attention_f32(&x, scale, causal, &mut y);
         return CpuStorage::from_f32(y, out);
     }
+    let (qs, ks, vs) = (values(q), values(k), values(v));
     // one output row per (batch, query, head), as the layout [B, Tq, H, D] orders them
     map_rows(&mut y, d, |row, o| {
         let (bi, i, hi) = (row / (tq * h), (row / h) % tq, row % h);

@@ -203,6 +203,12 @@ pub(super) fn for_each_chunk<T: Send>(
             return;
         }
     }
+    if rayon::current_num_threads() <= 1 {
+        // one thread: handing the job to rayon's only worker and waiting
+        // for it costs a wake-up per product
+        out.chunks_mut(chunk).enumerate().for_each(|(i, c)| f(i, c));
+        return;
+    }
     out.par_chunks_mut(chunk)
         .enumerate()
         .for_each(|(i, c)| f(i, c));
