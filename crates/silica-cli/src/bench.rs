@@ -357,6 +357,18 @@ fn cases(large: bool, cpu: bool) -> Vec<Case> {
             causal: true,
         },
     );
+    // SmolLM2's decode step deep in a long prompt
+    push(
+        "attention decode over 1024 h9/3 d64".into(),
+        Kind::Attention {
+            tq: 1,
+            tk: 1024,
+            h: 9,
+            kvh: 3,
+            d: 64,
+            causal: true,
+        },
+    );
     let n = if cpu { 1 << 24 } else { 1 << 27 };
     push(format!("copy {n}"), Kind::Copy { n });
     v

@@ -104,23 +104,9 @@ fn group(
         }
         if isa >= crate::CpuIsa::Avx2 {
             // SAFETY: as above
-            return unsafe { group_avx2(x, scale, causal, pos, kv, scores, o) };
+            return unsafe { x86::group_avx2(x, scale, causal, pos, kv, scores, o) };
         }
     }
-    group_any(x, scale, causal, pos, kv, scores, o)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-fn group_avx2(
-    x: &Inputs<'_>,
-    scale: f32,
-    causal: bool,
-    pos: usize,
-    kv: usize,
-    scores: &mut Vec<f32>,
-    o: &mut [f32],
-) {
     group_any(x, scale, causal, pos, kv, scores, o)
 }
 
@@ -194,15 +180,18 @@ fn group_any(
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    //! The AVX-512 kernel: up to 4 heads of a KV head at once, so that each
-    //! key and value row is read once for all of them; the scores of 4 keys
-    //! summed across lanes together.
+    //! The AVX-512 and AVX2 kernels (one body, written twice): up to 4 (2)
+    //! heads of a KV head at once, so that each key and value row is read
+    //! once for all of them; the scores of 4 keys summed across lanes
+    //! together.
 
     use super::{Inputs, add_mask, place, softmax_in_place};
     use std::arch::x86_64::*;
 
     /// Heads handled together (their accumulators stay in registers).
     const HB: usize = 4;
+    /// The same with AVX2's 16 registers.
+    const HB2: usize = 2;
 
     #[target_feature(enable = "avx512f,avx512vl,avx512dq,avx2,fma")]
     pub(super) fn group_avx512(
@@ -335,6 +324,169 @@ mod x86 {
             }
         }
     }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) fn group_avx2(
+        x: &Inputs<'_>,
+        scale: f32,
+        causal: bool,
+        pos: usize,
+        kv: usize,
+        scores: &mut Vec<f32>,
+        o: &mut [f32],
+    ) {
+        let [_, _, h, d, _, kvh] = x.dims;
+        let (bi, i, n) = place(x, causal, pos);
+        let group = h / kvh;
+        let [sb, sj, sh] = x.kv_strides;
+        let base = bi * sb + kv * sh;
+        // the last key's row ends inside k and v (checked once, so that
+        // the loads below stay inside them; the op layer checked the shapes)
+        let end = base + n.saturating_sub(1) * sj + d;
+        assert!(
+            n == 0 || (end <= x.k.len() && end <= x.v.len()),
+            "attention rows out of bounds"
+        );
+        let chunks = d.div_ceil(8);
+        // lanes of the last chunk of 8 (all lanes where d is whole 8s)
+        let lanes = d - 8 * chunks.saturating_sub(1);
+        // SAFETY: 8 of the 16 values of LANES
+        let tail = unsafe { _mm256_loadu_si256(LANES[8 - lanes..].as_ptr().cast()) };
+        let mask = |c: usize| {
+            if c + 1 == chunks {
+                tail
+            } else {
+                _mm256_set1_epi32(-1)
+            }
+        };
+        scores.clear();
+        scores.resize(group * n, 0.0);
+        for h0 in (0..group).step_by(HB2) {
+            let hb = (group - h0).min(HB2);
+            let q = |g: usize| x.q[(pos * h + kv * group + h0 + g) * d..].as_ptr();
+            // scores: 4 keys at a time
+            let mut j = 0;
+            while j + 4 <= n {
+                let mut acc = [[_mm256_setzero_ps(); 4]; HB2];
+                for c in 0..chunks {
+                    let m = mask(c);
+                    let mut ks = [_mm256_setzero_ps(); 4];
+                    for (kk, kv) in ks.iter_mut().enumerate() {
+                        // SAFETY: rows of d values from checked starts
+                        *kv = unsafe {
+                            _mm256_maskload_ps(x.k.as_ptr().add(base + (j + kk) * sj + 8 * c), m)
+                        };
+                    }
+                    for (g, a) in acc.iter_mut().enumerate().take(hb) {
+                        // SAFETY: q's rows hold d values
+                        let qv = unsafe { _mm256_maskload_ps(q(g).add(8 * c), m) };
+                        for kk in 0..4 {
+                            a[kk] = _mm256_fmadd_ps(qv, ks[kk], a[kk]);
+                        }
+                    }
+                }
+                for (g, a) in acc.iter().enumerate().take(hb) {
+                    let s = _mm_mul_ps(sum4_256(a), _mm_set1_ps(scale));
+                    // SAFETY: scores hold group * n values
+                    unsafe { _mm_storeu_ps(scores.as_mut_ptr().add((h0 + g) * n + j), s) };
+                }
+                j += 4;
+            }
+            for j in j..n {
+                for g in 0..hb {
+                    let mut a = _mm256_setzero_ps();
+                    for c in 0..chunks {
+                        let m = mask(c);
+                        // SAFETY: as above
+                        a = unsafe {
+                            _mm256_fmadd_ps(
+                                _mm256_maskload_ps(q(g).add(8 * c), m),
+                                _mm256_maskload_ps(x.k.as_ptr().add(base + j * sj + 8 * c), m),
+                                a,
+                            )
+                        };
+                    }
+                    scores[(h0 + g) * n + j] = hsum8(a) * scale;
+                }
+            }
+        }
+        let mut inv = vec![0f32; group];
+        for (g, f) in inv.iter_mut().enumerate() {
+            let s = &mut scores[g * n..(g + 1) * n];
+            add_mask(x, bi, kv * group + g, i, s);
+            *f = softmax_in_place(s);
+        }
+        // the weighted sums of the value rows: 4 chunks of 8 of up to 2
+        // heads in registers
+        for h0 in (0..group).step_by(HB2) {
+            let hb = (group - h0).min(HB2);
+            for c0 in (0..chunks).step_by(4) {
+                let cs = (chunks - c0).min(4);
+                let mut acc = [[_mm256_setzero_ps(); 4]; HB2];
+                for j in 0..n {
+                    let row = base + j * sj;
+                    let mut vs = [_mm256_setzero_ps(); 4];
+                    for (cc, v) in vs.iter_mut().enumerate().take(cs) {
+                        let c = c0 + cc;
+                        // SAFETY: as above
+                        *v = unsafe { _mm256_maskload_ps(x.v.as_ptr().add(row + 8 * c), mask(c)) };
+                    }
+                    for (g, a) in acc.iter_mut().enumerate().take(hb) {
+                        let p = _mm256_set1_ps(scores[(h0 + g) * n + j]);
+                        for (a, &v) in a.iter_mut().zip(&vs).take(cs) {
+                            *a = _mm256_fmadd_ps(p, v, *a);
+                        }
+                    }
+                }
+                for (g, a) in acc.iter().enumerate().take(hb) {
+                    let f = _mm256_set1_ps(inv[h0 + g]);
+                    for (cc, &a) in a.iter().enumerate().take(cs) {
+                        let c = c0 + cc;
+                        // SAFETY: o holds group rows of d values
+                        unsafe {
+                            _mm256_maskstore_ps(
+                                o.as_mut_ptr().add((h0 + g) * d + 8 * c),
+                                mask(c),
+                                _mm256_mul_ps(a, f),
+                            )
+                        };
+                    }
+                }
+            }
+        }
+    }
+
+    /// As `sum4`, for 8 lanes.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn sum4_256(a: &[__m256; 4]) -> __m128 {
+        let a01 = _mm256_add_ps(
+            _mm256_unpacklo_ps(a[0], a[1]),
+            _mm256_unpackhi_ps(a[0], a[1]),
+        );
+        let a23 = _mm256_add_ps(
+            _mm256_unpacklo_ps(a[2], a[3]),
+            _mm256_unpackhi_ps(a[2], a[3]),
+        );
+        let (a01, a23) = (_mm256_castps_pd(a01), _mm256_castps_pd(a23));
+        let s = _mm256_add_ps(
+            _mm256_castpd_ps(_mm256_unpacklo_pd(a01, a23)),
+            _mm256_castpd_ps(_mm256_unpackhi_pd(a01, a23)),
+        );
+        _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps::<1>(s))
+    }
+
+    /// The sum of the lanes of `a`.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn hsum8(a: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+    }
+
+    /// 8 lanes set, then 8 clear: the 8 from `8 - n` on set the first `n`.
+    const LANES: [i32; 16] = [-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0];
 
     /// The sums of the lanes of 4 vectors.
     #[inline]
