@@ -16,9 +16,10 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::Instant;
 
 use silica::{PendingRead, Tensor};
@@ -78,9 +79,13 @@ pub enum Event {
 
 /// The HTTP side's handle on the engine.
 pub struct Engine {
-    jobs: mpsc::Sender<Job>,
+    /// `None` once the engine is shut down.
+    jobs: Mutex<Option<mpsc::Sender<Job>>>,
     /// Jobs waiting for a free sequence slot.
     pub queued: Arc<AtomicUsize>,
+    /// Tells the decode thread to drop what it holds and end.
+    stop: Arc<AtomicBool>,
+    thread: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl Engine {
@@ -98,7 +103,9 @@ impl Engine {
         let queued = Arc::new(AtomicUsize::new(0));
         let active = Arc::new(AtomicUsize::new(0));
         let (q, a) = (queued.clone(), active.clone());
-        std::thread::Builder::new()
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
+        let thread = std::thread::Builder::new()
             .name("silica-engine".into())
             .spawn(move || {
                 Runner {
@@ -111,21 +118,50 @@ impl Engine {
                     queued: q,
                     active: a,
                     next_id: Cell::new(0),
+                    stop: stopped,
                 }
                 .run(rx)
             })
-            .expect("the engine thread starts");
-        Ok(Engine { jobs: tx, queued })
+            .map_err(|e| silica_models::Error::Io {
+                path: "the engine thread".into(),
+                source: e,
+            })?;
+        Ok(Engine {
+            jobs: Mutex::new(Some(tx)),
+            queued,
+            stop,
+            thread: Mutex::new(Some(thread)),
+        })
     }
 
     /// Queues a job; false when the engine has stopped.
     pub fn submit(&self, job: Job) -> bool {
+        let jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(jobs) = jobs.as_ref() else {
+            return false;
+        };
         self.queued.fetch_add(1, Ordering::SeqCst);
-        if self.jobs.send(job).is_err() {
+        if jobs.send(job).is_err() {
             self.queued.fetch_sub(1, Ordering::SeqCst);
             return false;
         }
         true
+    }
+
+    /// Ends the decode thread and waits until it has released the model
+    /// and its KV pool: sequences still in flight are dropped (their
+    /// streams end). The process must not exit while that thread still
+    /// frees device memory, since the driver's own teardown at exit may
+    /// run beside it.
+    pub fn shutdown(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        drop(self.jobs.lock().unwrap_or_else(|e| e.into_inner()).take());
+        let thread = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(t) = thread
+            && t.join().is_err()
+        {
+            eprintln!("silica serve: the engine thread panicked");
+        }
     }
 }
 
@@ -161,6 +197,8 @@ struct Runner<'a> {
     queued: Arc<AtomicUsize>,
     active: Arc<AtomicUsize>,
     next_id: Cell<u64>,
+    /// Set by [`Engine::shutdown`].
+    stop: Arc<AtomicBool>,
 }
 
 /// What a sequence feeds one step.
@@ -198,6 +236,9 @@ impl<'a> Runner<'a> {
         let mut seqs: Vec<Seq<'a>> = Vec::new();
         let mut pending: Option<Queued> = None;
         loop {
+            if self.stop.load(Ordering::SeqCst) {
+                return;
+            }
             if seqs.is_empty() && waiting.is_empty() && pending.is_none() {
                 match rx.recv() {
                     Ok(job) => waiting.push_back(job),

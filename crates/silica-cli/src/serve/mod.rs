@@ -200,11 +200,16 @@ async fn serve(args: &ServeArgs, addr: SocketAddr, dtype: DType) -> Result<(), C
     );
     state.stopping.store(true, Ordering::SeqCst);
     let _ = stop_tx.send(());
-    match tokio::time::timeout(grace, server).await {
-        Ok(_) => eprintln!("silica serve: stopped"),
-        Err(_) => {
-            eprintln!("silica serve: stopped after the grace period, with requests still in flight")
-        }
+    let finished = tokio::time::timeout(grace, server).await.is_ok();
+    // the decode thread lets go of the device before the process exits
+    if let Some(l) = state.loaded.get() {
+        let engine = &l.engine;
+        tokio::task::block_in_place(|| engine.shutdown());
+    }
+    if finished {
+        eprintln!("silica serve: stopped");
+    } else {
+        eprintln!("silica serve: stopped after the grace period, with requests still in flight")
     }
     Ok(())
 }
