@@ -253,7 +253,7 @@ pub(crate) fn qmatmul(
         // and in short rows (see integer_rows). 2 rows at 4,096 columns and
         // 4 at 2,048 both lose (docs/tuning.md, "Decode GEMV rows").
         let rows = gemv_rows(m, n, fusion.gated());
-        let integer = integer_rows(format, rows, fusion.gated(), k);
+        let integer = integer_rows(format, m, rows, fusion.gated(), n, k);
         let x_blocks = integer_gemv(ctx, int8, format, m, k, integer);
         let rows = if x_blocks.is_some() { integer } else { rows };
         let oc = output_columns(rows, fusion);
@@ -392,7 +392,27 @@ pub(crate) fn integer_format(format: QuantFormat) -> bool {
 /// follows Q4_K without a model of its own measured. 8 rows (the most the
 /// accumulators hold) gain in too few products to be worth a rule
 /// (docs/tuning.md, "8-bit GEMV rows by format").
-fn integer_rows(format: QuantFormat, rows: usize, swiglu: bool, k: usize) -> usize {
+///
+/// Several rows of x (`m` > 1) take 2 weight rows in plain products of
+/// more than [`GEMV_FEWEST_COLUMNS`] columns and 1 in narrower ones, where
+/// the f32 GEMV takes 1 to 4: each unit of a weight row is dotted with m
+/// rows of x from workgroup memory, so 1 row loads x's blocks twice as
+/// often, and 4 make too few workgroups; on narrow outputs more
+/// workgroups win, as with one row of x (docs/tuning.md, "8-bit GEMV for
+/// several rows").
+fn integer_rows(
+    format: QuantFormat,
+    m: usize,
+    rows: usize,
+    swiglu: bool,
+    n: usize,
+    k: usize,
+) -> usize {
+    let rows = match m > 1 && !swiglu {
+        true if n <= GEMV_FEWEST_COLUMNS => 1,
+        true => 2,
+        false => rows,
+    };
     match format {
         QuantFormat::Q6_K => rows.min(2),
         QuantFormat::Q4_K | QuantFormat::Q5_K if swiglu || k <= I8_SHORT_K => rows.min(2),
@@ -637,7 +657,7 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
                 if integer_format(format) {
                     for (xb, k) in I8_BUFFERS {
                         out.extend(integer(
-                            integer_rows(format, rows(1), false, k),
+                            integer_rows(format, 1, rows(1), false, usize::MAX, k),
                             QFusion::NONE,
                             xb,
                         ));
@@ -652,12 +672,13 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
                             xb,
                         ));
                     }
-                    // several rows of x: each size of x's buffer, with the
-                    // weight rows taken at 2, 3 and 8 rows of x
+                    // several rows of x: each size of x's buffer at 2, 3
+                    // and 8 rows of x
                     for m in [2, 3, 8] {
                         for xb in I8_ROWS_BUFFERS {
-                            for n in [GEMV_FEW_COLUMNS, usize::MAX] {
-                                let rows = integer_rows(format, gemv_rows(m, n, false), false, 0);
+                            for n in [GEMV_FEWEST_COLUMNS, usize::MAX] {
+                                let rows =
+                                    integer_rows(format, m, gemv_rows(m, n, false), false, n, 0);
                                 out.extend(integer_m(m, rows, QFusion::NONE, xb));
                             }
                         }
@@ -681,13 +702,15 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
                     out.push(gemv(1, rows(1), 32, fusion));
                     if integer_format(format) {
                         for (xb, k) in I8_BUFFERS {
-                            let rows = integer_rows(format, rows(1), fusion.gated(), k);
+                            let rows =
+                                integer_rows(format, 1, rows(1), fusion.gated(), usize::MAX, k);
                             out.extend(integer(rows, fusion, xb));
                         }
                         // several rows of x, as the model's steps take them
                         for m in [2, 8] {
                             let rows = gemv_rows(m, GEMV_FEW_COLUMNS, fusion.gated());
-                            let rows = integer_rows(format, rows, fusion.gated(), 0);
+                            let rows =
+                                integer_rows(format, m, rows, fusion.gated(), GEMV_FEW_COLUMNS, 0);
                             out.extend(integer_m(m, rows, fusion, 512));
                         }
                     }
