@@ -296,7 +296,7 @@ pub(crate) fn fused_qmatmul(
     let x = call.inputs[0];
     let k = x.shape().last().copied().unwrap_or(0);
     let rows = x.numel() / k.max(1);
-    if !x.dtype().is_float() || !super::qmatmul::fuses(rows, fusion) {
+    if !x.dtype().is_float() || !super::qmatmul::fuses(rows) {
         return Ok(false);
     }
     // check mode compares with the CPU's exact products

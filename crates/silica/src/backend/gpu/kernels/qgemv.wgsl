@@ -41,7 +41,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
         workgroupBarrier();
     }
-    var acc: array<f32, 8>;
+    var acc: Accs;
     if col0 < p.n {
         for (var gi = lane / 4u; gi < groups; gi += LANES / 4u) {
             // this lane's 8 values of x in each of the M rows

@@ -1,4 +1,4 @@
-// qgemv_i8.wgsl — dst = x @ wᵀ for one row of x (decode), w in Q8_0, Q4_0,
+// qgemv_i8.wgsl — dst = x @ wᵀ for M <= 8 rows of x (decode), w in Q8_0, Q4_0,
 // Q4_1, Q4_K, Q5_K or Q6_K, with integer dot products of 4 bytes
 // (`dot4I8Packed`, one instruction where the driver has them: dp4a on
 // NVIDIA). Every workgroup first rounds x to 8 bits per block of 32 into
@@ -20,9 +20,15 @@
 // values, less 32, are packed as signed bytes. About 1.4 operations a
 // weight for Q4_0, against 5-6 in qgemv.wgsl's f32 products
 // (docs/tuning.md, "8-bit activations"). The fusions and the final sum are
-// qgemv_common.wgsl's, with M = 1.
+// qgemv_common.wgsl's.
+//
+// With M > 1 rows of x (a server's step of several sequences), each lane
+// dots each weight unit with the M rows' blocks, so that a weight is loaded
+// once for all rows (`sums_rows`). Where the M rows do not fit XB, x is
+// rounded a slice of every row at a time.
 
-// Blocks of x the workgroup holds (K / 32 at most).
+// Blocks of x the workgroup holds: K / 32 at most with M = 1; with M > 1,
+// all M rows' blocks, or a slice of LANES units of each row at least.
 override XB: u32 = 512u;
 // Units of each weight row a lane has in flight while it works on one: 1
 // (`sums`) or 2 (`sums_deep`). See `integer_depth` in qmatmul.rs.
@@ -41,33 +47,52 @@ fn half_value(h: u32) -> f32 {
     return unpack2x16float(h).x;
 }
 
-// Part t of x (t = 4b + q: values 8q..8q+7 of block b), times the norm
-// weight with NORM; `ss` gets the sum of squares before the weight.
-fn x_part(t: u32, ss: ptr<function, f32>) -> array<vec4<f32>, 2> {
-    let e = (t >> 2u) * 32u + (t & 3u) * 8u;
-    var v = array<vec4<f32>, 2>(x4(p.off_x + e), x4(p.off_x + e + 4u));
+// Sums of squares of x's rows (for NORM), one a row; a thread's own.
+alias RowSums = array<f32, 8>;
+
+// Part t of the slice of x being rounded (t = 4b + q: values 8q..8q+7 of
+// the slice's block b, that is block b0 + b % cb of row b / cb, where the
+// slice holds blocks b0..b0 + cb - 1 of each row), times the norm weight
+// with NORM; `ss` gets the part's sum of squares before the weight, in its
+// row's slot.
+fn x_part(t: u32, cb: u32, b0: u32, ss: ptr<function, RowSums>) -> array<vec4<f32>, 2> {
+    let b = t >> 2u;
+    var r = 0u;
+    if M > 1u {
+        r = b / cb;
+    }
+    // the element in its row
+    let e = (b0 + b - r * cb) * 32u + (t & 3u) * 8u;
+    let at = p.off_x + r * p.k + e;
+    var v = array<vec4<f32>, 2>(x4(at), x4(at + 4u));
     if NORM {
-        *ss += dot(v[0], v[0]) + dot(v[1], v[1]);
+        let s = dot(v[0], v[0]) + dot(v[1], v[1]);
+        // a constant index each (M is a constant), so ss stays in registers
+        for (var i = 0u; i < M; i++) {
+            if i == r {
+                (*ss)[i] += s;
+            }
+        }
         v[0] *= g4(e);
         v[1] *= g4(e + 4u);
     }
     return v;
 }
 
-// Rounds x into xq and xd, four threads a block (8 values each), and
-// returns this thread's sum of squares of x (for NORM). `partial` holds the
+// Rounds the slice's nb blocks of x (see x_part) into xq and xd, four
+// threads a block (8 values each), adding this thread's sums of squares
+// of x to `ss` (for NORM). `partial` holds the
 // parts' largest |x| and then their sums of quants, through workgroup
 // memory and barriers: subgroup shuffles among the four threads are no
 // faster, and without them the kernel needs no subgroups (docs/tuning.md,
 // "Rounding x").
-fn round_x4(lid: u32, blocks: u32) -> f32 {
-    var ss = 0.0;
-    for (var t0 = 0u; t0 < 4u * blocks; t0 += WG) {
+fn round_x4(lid: u32, nb: u32, cb: u32, b0: u32, ss: ptr<function, RowSums>) {
+    for (var t0 = 0u; t0 < 4u * nb; t0 += WG) {
         let t = t0 + lid;
-        let live = t < 4u * blocks;
+        let live = t < 4u * nb;
         var v = array<vec4<f32>, 2>(vec4<f32>(0.0), vec4<f32>(0.0));
         if live {
-            v = x_part(t, &ss);
+            v = x_part(t, cb, b0, ss);
         }
         let a = max(abs(v[0]), abs(v[1]));
         partial[lid] = max(max(a.x, a.y), max(a.z, a.w));
@@ -100,20 +125,18 @@ fn round_x4(lid: u32, blocks: u32) -> f32 {
         }
         workgroupBarrier();
     }
-    return ss;
 }
 
-// Rounds x into xq and xd, one thread a block: no barrier but the last.
+// As round_x4, one thread a block: no barrier but the last.
 // Faster than round_x4 once round_x4 would need a second round, that is
 // where x has more blocks than a quarter of the workgroup's threads
 // (docs/tuning.md, "Rounding x").
-fn round_x1(lid: u32, blocks: u32) -> f32 {
-    var ss = 0.0;
-    for (var b = lid; b < blocks; b += WG) {
+fn round_x1(lid: u32, nb: u32, cb: u32, b0: u32, ss: ptr<function, RowSums>) {
+    for (var b = lid; b < nb; b += WG) {
         var v: array<vec4<f32>, 8>;
         var a = vec4<f32>(0.0);
         for (var q = 0u; q < 4u; q++) {
-            let h = x_part(4u * b + q, &ss);
+            let h = x_part(4u * b + q, cb, b0, ss);
             v[2u * q] = h[0];
             v[2u * q + 1u] = h[1];
             a = max(a, max(abs(h[0]), abs(h[1])));
@@ -133,16 +156,16 @@ fn round_x1(lid: u32, blocks: u32) -> f32 {
         xd[b] = vec2<f32>(d, d * f32(sum.x + sum.y + sum.z + sum.w));
     }
     workgroupBarrier();
-    return ss;
 }
 
-// Rounds x into xq and xd and returns this thread's sum of squares of x
-// (for NORM).
-fn round_x(lid: u32, blocks: u32) -> f32 {
-    if blocks > WG / 4u {
-        return round_x1(lid, blocks);
+// Rounds the slice's nb blocks of x (see x_part) into xq and xd, adding
+// this thread's sums of squares of x to `ss` (for NORM).
+fn round_x(lid: u32, nb: u32, cb: u32, b0: u32, ss: ptr<function, RowSums>) {
+    if nb > WG / 4u {
+        round_x1(lid, nb, cb, b0, ss);
+    } else {
+        round_x4(lid, nb, cb, b0, ss);
     }
-    return round_x4(lid, blocks);
 }
 
 // The word at bytes 2..5 of (u, v): the quant words of blocks that start
@@ -237,7 +260,9 @@ struct XUnit {
     d: array<vec2<f32>, 2>,
 }
 
-fn x_unit(u: u32) -> XUnit {
+// x's blocks of unit u, of the row whose block b is xq's block b + at
+// (at may wrap around: b0 of a slice past the row's start is subtracted).
+fn x_unit(u: u32, at: u32) -> XUnit {
     var x: XUnit;
     var b = vec2<u32>(u * unit_blocks(), u * unit_blocks() + 1u);
     if FMT == 7u {
@@ -245,6 +270,7 @@ fn x_unit(u: u32) -> XUnit {
         b.x = 8u * (u >> 2u) + 4u * ((u >> 1u) & 1u) + (u & 1u);
         b.y = b.x + 2u;
     }
+    b += vec2<u32>(at);
     for (var i = 0u; i < unit_blocks(); i++) {
         x.q[2u * i] = xq[2u * b[i]];
         x.q[2u * i + 1u] = xq[2u * b[i] + 1u];
@@ -392,9 +418,9 @@ fn fetch_unit(u: u32, units: u32, row_at: array<u32, 4>, buf: ptr<function, Word
 
 // Adds unit u's products (words in `buf`) to acc, then refills `buf`
 // with the unit 2 LANES further on.
-fn unit_step(u: u32, units: u32, row_at: array<u32, 4>, buf: ptr<function, Words>, acc: ptr<function, array<f32, 8>>) {
+fn unit_step(u: u32, units: u32, row_at: array<u32, 4>, buf: ptr<function, Words>, acc: ptr<function, Accs>) {
     if u < units {
-        let x = x_unit(u);
+        let x = x_unit(u, 0u);
         for (var c = 0u; c < R; c++) {
             (*acc)[c] += unit_dot(row_at[c] + unit_block(u), u, (*buf)[c], x);
         }
@@ -405,9 +431,10 @@ fn unit_step(u: u32, units: u32, row_at: array<u32, 4>, buf: ptr<function, Words
 // Rounds x into xq and xd and, with NORM, publishes 1 / rms(x) in inv_rms
 // (every thread gets the sum; the final sums' barrier publishes it).
 fn prepare_x(lid: u32, blocks: u32) {
-    let ss = round_x(lid, blocks);
+    var ss: RowSums;
+    round_x(lid, blocks, blocks, 0u, &ss);
     if NORM {
-        let total = workgroup_sum(ss, lid);
+        let total = workgroup_sum(ss[0], lid);
         if lid == 0u {
             inv_rms[0] = inverseSqrt(total / f32(p.k) + bitcast<f32>(p.eps));
         }
@@ -416,7 +443,7 @@ fn prepare_x(lid: u32, blocks: u32) {
 
 // The lane's sums with DEPTH 2: two buffers of words taken in turn (the
 // first two units' fetched before x is rounded).
-fn sums_deep(lid: u32, lane: u32, live: bool, blocks: u32, row_at: array<u32, 4>) -> array<f32, 8> {
+fn sums_deep(lid: u32, lane: u32, live: bool, blocks: u32, row_at: array<u32, 4>) -> Accs {
     let units = blocks / unit_blocks();
     var b0: Words;
     var b1: Words;
@@ -425,7 +452,7 @@ fn sums_deep(lid: u32, lane: u32, live: bool, blocks: u32, row_at: array<u32, 4>
         fetch_unit(lane + LANES, units, row_at, &b1);
     }
     prepare_x(lid, blocks);
-    var acc: array<f32, 8>;
+    var acc: Accs;
     if live {
         for (var u = lane; u < units; u += 2u * LANES) {
             unit_step(u, units, row_at, &b0, &acc);
@@ -441,23 +468,90 @@ fn sums_deep(lid: u32, lane: u32, live: bool, blocks: u32, row_at: array<u32, 4>
 // sums_deep with one buffer: sums_deep's order (products, then the refill)
 // and one function for both depths over shared buffers each make depth 1
 // slower (docs/tuning.md, "Decode GEMV depth").
-fn sums(lid: u32, lane: u32, live: bool, blocks: u32, row_at: array<u32, 4>) -> array<f32, 8> {
+fn sums(lid: u32, lane: u32, live: bool, blocks: u32, row_at: array<u32, 4>) -> Accs {
     let units = blocks / unit_blocks();
     var next: Words;
     if live {
         fetch_unit(lane, units, row_at, &next);
     }
     prepare_x(lid, blocks);
-    var acc: array<f32, 8>;
+    var acc: Accs;
     if live {
         for (var u = lane; u < units; u += LANES) {
             let cur = next;
             fetch_unit(u + LANES, units, row_at, &next);
-            let x = x_unit(u);
+            let x = x_unit(u, 0u);
             for (var c = 0u; c < R; c++) {
                 acc[c] += unit_dot(row_at[c] + unit_block(u), u, cur[c], x);
             }
         }
+    }
+    return acc;
+}
+
+// Publishes 1 / rms of each of the M rows of x in inv_rms, from every
+// thread's sums of squares `ss`: a tree in `partial`, one slot a row.
+fn publish_rms(lid: u32, ss: RowSums) {
+    for (var r = 0u; r < M; r++) {
+        partial[r * WG + lid] = ss[r];
+    }
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+        if lid < s {
+            for (var r = 0u; r < M; r++) {
+                partial[r * WG + lid] += partial[r * WG + lid + s];
+            }
+        }
+        workgroupBarrier();
+    }
+    if lid < M {
+        inv_rms[lid] = inverseSqrt(partial[lid * WG] / f32(p.k) + bitcast<f32>(p.eps));
+    }
+    // the lane sums write `partial` next
+    workgroupBarrier();
+}
+
+// The lane's sums for M > 1 rows of x: each unit's words, fetched once
+// (the next unit's before this one's products, as in `sums`), are dotted
+// with the M rows' blocks. Where XB does not hold the M rows, x is rounded
+// a slice at a time: the same blocks of every row, LANES units of each or
+// a multiple (so that each lane's units stay lane, lane + LANES, ...), with
+// a barrier before the next slice overwrites the last.
+fn sums_rows(lid: u32, lane: u32, live: bool, blocks: u32, row_at: array<u32, 4>) -> Accs {
+    let ub = unit_blocks();
+    let units = blocks / ub;
+    // blocks of each row in a slice
+    var step = XB / M;
+    if step < blocks {
+        step = step / (LANES * ub) * (LANES * ub);
+    }
+    var next: Words;
+    if live {
+        fetch_unit(lane, units, row_at, &next);
+    }
+    var ss: RowSums;
+    var acc: Accs;
+    for (var b0 = 0u; b0 < blocks; b0 += step) {
+        if b0 > 0u {
+            workgroupBarrier();
+        }
+        let cb = min(step, blocks - b0);
+        round_x(lid, M * cb, cb, b0, &ss);
+        if live {
+            for (var u = b0 / ub + lane; u < (b0 + cb) / ub; u += LANES) {
+                let cur = next;
+                fetch_unit(u + LANES, units, row_at, &next);
+                for (var r = 0u; r < M; r++) {
+                    let x = x_unit(u, r * cb - b0);
+                    for (var c = 0u; c < R; c++) {
+                        acc[c * M + r] += unit_dot(row_at[c] + unit_block(u), u, cur[c], x);
+                    }
+                }
+            }
+        }
+    }
+    if NORM {
+        publish_rms(lid, ss);
     }
     return acc;
 }
@@ -474,8 +568,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         row_at[c] = weight_row(col0, c) * p.row_bytes;
     }
     let early = residual_words(lane, col0);
-    var acc: array<f32, 8>;
-    if DEPTH > 1u {
+    var acc: Accs;
+    if M > 1u {
+        acc = sums_rows(lid, lane, live, blocks, row_at);
+    } else if DEPTH > 1u {
         acc = sums_deep(lid, lane, live, blocks, row_at);
     } else {
         acc = sums(lid, lane, live, blocks, row_at);

@@ -153,14 +153,18 @@ pub(crate) fn qrows(
 const GEMV_MAX_M: usize = 8;
 
 /// Weight rows that one set of lanes of the GEMV kernel dots with the
-/// same values of x: as many as the 8 accumulators allow for M rows of x,
-/// but 2 instead of 4 for outputs of up to [`GEMV_FEW_COLUMNS`] columns,
-/// and 1 for one row of x and up to [`GEMV_FEWEST_COLUMNS`].
-fn gemv_rows(m: usize, n: usize) -> usize {
+/// same values of x, for `n` output columns (`gated`: SwiGLU's gate and
+/// up rows of them): as many as 8 accumulators allow for M rows of x, but
+/// 2 instead of 4 for outputs of up to [`GEMV_FEW_COLUMNS`] columns, and 1
+/// for one row of x and up to [`GEMV_FEWEST_COLUMNS`]. SwiGLU keeps 4 at
+/// up to 2 rows of x and takes 2 beyond (a gate and an up row; with 5 to
+/// 8 rows of x, 16 accumulators).
+fn gemv_rows(m: usize, n: usize, gated: bool) -> usize {
     match m {
-        1 | 2 if n > GEMV_FEW_COLUMNS => 4,
+        1 | 2 if gated || n > GEMV_FEW_COLUMNS => 4,
         1 if n <= GEMV_FEWEST_COLUMNS => 1,
         1..=4 => 2,
+        _ if gated => 2,
         _ => 1,
     }
 }
@@ -194,10 +198,11 @@ fn gemv_lanes(n: usize, k: usize, rows: usize) -> usize {
     lanes
 }
 
-/// Whether the GEMV kernel computes `fusion` for `m` rows of x: up to 8
-/// rows, 4 with SwiGLU (whose lane sets need two weight rows at least).
-pub(crate) fn fuses(m: usize, fusion: QFusion) -> bool {
-    m <= GEMV_MAX_M && (!fusion.gated() || gemv_rows(m, usize::MAX) >= 2)
+/// Whether the GEMV kernels compute the fusions for `m` rows of x: up to
+/// 8 rows, every fusion (SwiGLU's lane sets take two weight rows at least,
+/// see [`gemv_rows`]).
+pub(crate) fn fuses(m: usize) -> bool {
+    m <= GEMV_MAX_M
 }
 
 /// Output columns of one GEMV lane set dotting `rows` weight rows: all of
@@ -232,7 +237,7 @@ pub(crate) fn qmatmul(
             reason: "x must be contiguous from a multiple of 8 elements".into(),
         });
     }
-    if !fusion.is_none() && !fuses(m, fusion) {
+    if !fusion.is_none() && !fuses(m) {
         return Err(Error::NotSupported {
             op: "matmul_q",
             reason: format!("no kernel fuses {fusion:?} for {m} rows"),
@@ -247,11 +252,10 @@ pub(crate) fn qmatmul(
         // qgemv_i8 takes at most 2 for Q6_K, and for Q4_K/Q5_K in SwiGLU
         // and in short rows (see integer_rows). 2 rows at 4,096 columns and
         // 4 at 2,048 both lose (docs/tuning.md, "Decode GEMV rows").
-        let x_blocks = integer_gemv(ctx, int8, format, m, k);
-        let mut rows = gemv_rows(m, if fusion.gated() { usize::MAX } else { n });
-        if x_blocks.is_some() {
-            rows = integer_rows(format, rows, fusion.gated(), k);
-        }
+        let rows = gemv_rows(m, n, fusion.gated());
+        let integer = integer_rows(format, m, rows, fusion.gated(), n, k);
+        let x_blocks = integer_gemv(ctx, int8, format, m, k, integer);
+        let rows = if x_blocks.is_some() { integer } else { rows };
         let oc = output_columns(rows, fusion);
         let lanes = match x_blocks {
             Some(_) => I8_LANES,
@@ -259,8 +263,8 @@ pub(crate) fn qmatmul(
         };
         let groups = n.div_ceil(256 / lanes * oc);
         let depth = match x_blocks {
-            Some(_) => integer_depth(format, groups),
-            None => 1,
+            Some(_) if m == 1 => integer_depth(format, groups),
+            _ => 1,
         };
         let gemv = Gemv {
             m,
@@ -388,7 +392,27 @@ pub(crate) fn integer_format(format: QuantFormat) -> bool {
 /// follows Q4_K without a model of its own measured. 8 rows (the most the
 /// accumulators hold) gain in too few products to be worth a rule
 /// (docs/tuning.md, "8-bit GEMV rows by format").
-fn integer_rows(format: QuantFormat, rows: usize, swiglu: bool, k: usize) -> usize {
+///
+/// Several rows of x (`m` > 1) take 2 weight rows in plain products of
+/// more than [`GEMV_FEWEST_COLUMNS`] columns and 1 in narrower ones, where
+/// the f32 GEMV takes 1 to 4: each unit of a weight row is dotted with m
+/// rows of x from workgroup memory, so 1 row loads x's blocks twice as
+/// often, and 4 make too few workgroups; on narrow outputs more
+/// workgroups win, as with one row of x (docs/tuning.md, "8-bit GEMV for
+/// several rows").
+fn integer_rows(
+    format: QuantFormat,
+    m: usize,
+    rows: usize,
+    swiglu: bool,
+    n: usize,
+    k: usize,
+) -> usize {
+    let rows = match m > 1 && !swiglu {
+        true if n <= GEMV_FEWEST_COLUMNS => 1,
+        true => 2,
+        false => rows,
+    };
     match format {
         QuantFormat::Q6_K => rows.min(2),
         QuantFormat::Q4_K | QuantFormat::Q5_K if swiglu || k <= I8_SHORT_K => rows.min(2),
@@ -445,36 +469,67 @@ const I8_DEEP_GROUPS: usize = 192;
 /// Lanes per weight row of qgemv_i8 (each takes whole blocks).
 const I8_LANES: usize = 32;
 
-/// Workgroup memory of qgemv_i8 besides x's blocks: the final sums
-/// (8 x 256 f32), the norm's 8 factors and the sum of squares' slots
-/// (rows.wgsl).
-const I8_FIXED_BYTES: usize = 8 * 256 * 4 + 32 + 256 * 4;
+/// Slots of 256 f32 that the GEMV kernels' final sums take (`SLOTS`): one
+/// an accumulator, at least 8 (qgemv.wgsl's norm takes one a row of x).
+fn gemv_slots(m: usize, rows: usize) -> usize {
+    (m * rows).max(8)
+}
+
+/// Workgroup memory of qgemv_i8 besides x's blocks, for `m` rows of x and
+/// `rows` weight rows a lane set: the final sums' slots, the norm's 8
+/// factors and the sum of squares' slots (rows.wgsl).
+fn integer_fixed_bytes(m: usize, rows: usize) -> usize {
+    gemv_slots(m, rows) * 256 * 4 + 32 + 256 * 4
+}
 
 /// Workgroup memory per block of x in qgemv_i8: 32 quants, scale and sum.
 const I8_BLOCK_BYTES: usize = 32 + 8;
 
-/// The blocks of x that qgemv_i8 holds for a product of `m` rows of x with
-/// rows of `k` values in `format`, or `None` where the f32 GEMV takes it:
-/// the device allows 8-bit activations (`int8`, see
-/// `GpuDevice::int8_activations`), one row of x (decode), a format of `integer_format`, and x's blocks fit
-/// the workgroup memory. Two sizes of the buffer (128 and 512 blocks: K up
-/// to 4,096 and to 16,384), so that the small one leaves room for more
-/// workgroups and few pipelines are built.
+/// The blocks of x that qgemv_i8 holds (`XB`) for a product of `m` rows
+/// of x with rows of `k` values in `format`, `rows` weight rows a lane
+/// set, or `None` where the f32 GEMV takes it: the device allows 8-bit
+/// activations (`int8`, see `GpuDevice::int8_activations`), up to
+/// [`GEMV_MAX_M`] rows of x (decode, one sequence or a server's step of
+/// several), a format of `integer_format`, and the buffer fits the
+/// workgroup memory. One row of x: 128 or 512 blocks (K up to 4,096 and
+/// to 16,384), so that the small one leaves room for more workgroups and
+/// few pipelines are built. Several: the smallest of
+/// [`I8_ROWS_BUFFERS`] that holds every row's blocks, or else the largest
+/// that fits and holds a slice of [`I8_LANES`] units of each row (x is
+/// then rounded a slice at a time).
 fn integer_gemv(
     ctx: &Context,
     int8: bool,
     format: QuantFormat,
     m: usize,
     k: usize,
+    rows: usize,
 ) -> Option<usize> {
-    if !int8 || m != 1 || !integer_format(format) {
+    if !int8 || m > GEMV_MAX_M || !integer_format(format) {
         return None;
     }
     let blocks = k / 32;
-    let xb = if blocks <= 128 { 128 } else { 512 };
-    let bytes = I8_FIXED_BYTES + xb * I8_BLOCK_BYTES;
-    (blocks <= xb && bytes <= ctx.workgroup_memory() as usize).then_some(xb)
+    let fixed = integer_fixed_bytes(m, rows);
+    let fits = |xb: usize| fixed + xb * I8_BLOCK_BYTES <= ctx.workgroup_memory() as usize;
+    if m == 1 {
+        let xb = if blocks <= 128 { 128 } else { 512 };
+        return (blocks <= xb && fits(xb)).then_some(xb);
+    }
+    // blocks of a unit: 1, 2 in the K formats (64 values)
+    let unit = if format.block_elems() == 256 { 2 } else { 1 };
+    let slice = m * I8_LANES * unit;
+    let mut sizes = I8_ROWS_BUFFERS.into_iter();
+    sizes
+        .clone()
+        .find(|&xb| m * blocks <= xb && fits(xb))
+        .or_else(|| sizes.rfind(|&xb| slice <= xb && fits(xb)))
 }
+
+/// Sizes of qgemv_i8's buffer of x (`XB`, in blocks) for several rows of
+/// x: 512 holds a slice of the 32 lanes' units of 8 rows in every format;
+/// 256 fits the 32 KiB of workgroup memory of some devices (lavapipe) with
+/// 16 slots of final sums (see [`integer_fixed_bytes`]).
+const I8_ROWS_BUFFERS: [usize; 3] = [128, 256, 512];
 
 fn constants(
     format: QuantFormat,
@@ -483,7 +538,7 @@ fn constants(
     gemv: Option<Gemv>,
 ) -> Vec<(&'static str, f64)> {
     // room for every constant, so that a dispatch allocates once
-    let mut c = Vec::with_capacity(13);
+    let mut c = Vec::with_capacity(14);
     c.extend([
         ("FMT", format.gpu_code() as f64),
         ("IN_DT", input.gpu_code() as f64),
@@ -506,6 +561,12 @@ fn constants(
         ]);
         if let Some(xb) = g.x_blocks {
             c.extend([("XB", xb as f64), ("DEPTH", g.depth as f64)]);
+        }
+        // set only past the default, so that the other products keep
+        // their pipelines
+        let slots = gemv_slots(g.m, rows);
+        if slots > 8 {
+            c.push(("SLOTS", slots as f64));
         }
     }
     c
@@ -542,12 +603,12 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
                     };
                     (&QGEMV, constants(format, dt, o, Some(g)))
                 };
-                // qgemv_i8 with each depth its format takes
-                let integer = |rows, fusion, xb| {
-                    let depths = 1..=integer_depth(format, 0);
+                // qgemv_i8 with each depth its format takes (one row of x)
+                let integer_m = |m, rows, fusion, xb| {
+                    let depths = 1..=if m == 1 { integer_depth(format, 0) } else { 1 };
                     depths.map(move |depth| {
                         let g = Gemv {
-                            m: 1,
+                            m,
                             rows,
                             lanes: I8_LANES,
                             fusion,
@@ -559,7 +620,8 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
                         (&QGEMV_I8, constants(format, dt, o, Some(g)))
                     })
                 };
-                let rows = |m| gemv_rows(m, usize::MAX);
+                let integer = |rows, fusion, xb| integer_m(1, rows, fusion, xb);
+                let rows = |m| gemv_rows(m, usize::MAX, false);
                 out.push((&QMATMUL, constants(format, dt, o, None)));
                 if dt == DType::F16 {
                     out.push((&QMATMUL_COOP, constants(format, dt, o, None)));
@@ -572,10 +634,15 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
                 }
                 // two weight rows per lane set at M = 1 (few output columns),
                 // and one (fewer)
-                out.push(gemv(1, gemv_rows(1, GEMV_FEW_COLUMNS), 128, QFusion::NONE));
                 out.push(gemv(
                     1,
-                    gemv_rows(1, GEMV_FEWEST_COLUMNS),
+                    gemv_rows(1, GEMV_FEW_COLUMNS, false),
+                    128,
+                    QFusion::NONE,
+                ));
+                out.push(gemv(
+                    1,
+                    gemv_rows(1, GEMV_FEWEST_COLUMNS, false),
                     32,
                     QFusion::NONE,
                 ));
@@ -590,16 +657,31 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
                 if integer_format(format) {
                     for (xb, k) in I8_BUFFERS {
                         out.extend(integer(
-                            integer_rows(format, rows(1), false, k),
+                            integer_rows(format, 1, rows(1), false, usize::MAX, k),
                             QFusion::NONE,
                             xb,
                         ));
-                        out.extend(integer(gemv_rows(1, GEMV_FEW_COLUMNS), QFusion::NONE, xb));
                         out.extend(integer(
-                            gemv_rows(1, GEMV_FEWEST_COLUMNS),
+                            gemv_rows(1, GEMV_FEW_COLUMNS, false),
                             QFusion::NONE,
                             xb,
                         ));
+                        out.extend(integer(
+                            gemv_rows(1, GEMV_FEWEST_COLUMNS, false),
+                            QFusion::NONE,
+                            xb,
+                        ));
+                    }
+                    // several rows of x: each size of x's buffer at 2, 3
+                    // and 8 rows of x
+                    for m in [2, 3, 8] {
+                        for xb in I8_ROWS_BUFFERS {
+                            for n in [GEMV_FEWEST_COLUMNS, usize::MAX] {
+                                let rows =
+                                    integer_rows(format, m, gemv_rows(m, n, false), false, n, 0);
+                                out.extend(integer_m(m, rows, QFusion::NONE, xb));
+                            }
+                        }
                     }
                 }
                 // GeGLU (Gemma's gate) with the norm, as Gemma decodes
@@ -620,12 +702,22 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
                     out.push(gemv(1, rows(1), 32, fusion));
                     if integer_format(format) {
                         for (xb, k) in I8_BUFFERS {
-                            let rows = integer_rows(format, rows(1), fusion.gated(), k);
+                            let rows =
+                                integer_rows(format, 1, rows(1), fusion.gated(), usize::MAX, k);
                             out.extend(integer(rows, fusion, xb));
+                        }
+                        // several rows of x, as the model's steps take them
+                        for m in [2, 8] {
+                            let rows = gemv_rows(m, GEMV_FEW_COLUMNS, fusion.gated());
+                            let rows =
+                                integer_rows(format, m, rows, fusion.gated(), GEMV_FEW_COLUMNS, 0);
+                            out.extend(integer_m(m, rows, fusion, 512));
                         }
                     }
                     if fusion.gated() {
-                        out.push(gemv(3, rows(3), 32, fusion));
+                        for m in [3, 8] {
+                            out.push(gemv(m, gemv_rows(m, 0, true), 32, fusion));
+                        }
                     }
                 }
             }

@@ -6,7 +6,7 @@
 // barrier a level. The launcher substitutes lanes_sg.wgsl where the
 // adapter's subgroups have one width (see `kernel_source`).
 
-fn lane_sums(lid: u32, lane: u32, acc: array<f32, 8>) {
+fn lane_sums(lid: u32, lane: u32, acc: Accs) {
     for (var i = 0u; i < R * M; i++) {
         partial[i * WG + lid] = acc[i];
     }

@@ -6,7 +6,7 @@
 // (width < LANES, as on lavapipe) its first lane adds the runs' slots. Two
 // barriers instead of 1 + log2(LANES).
 
-fn lane_sums(lid: u32, lane: u32, acc_in: array<f32, 8>) {
+fn lane_sums(lid: u32, lane: u32, acc_in: Accs) {
     var acc = acc_in;
     let width = subgroupAdd(1u);
     for (var s = LANES / 2u; s > 0u; s >>= 1u) {

@@ -28,8 +28,7 @@
 
 override M: u32 = 1u;
 override LANES: u32 = 32u;
-// Weight rows per lane set; R * M <= 8 (the accumulators and the slots of
-// the final sum).
+// Weight rows per lane set; R * M <= 16 (the accumulators) and <= SLOTS.
 override R: u32 = 1u;
 override NORM: bool = false;
 override SWIGLU: bool = false;
@@ -41,8 +40,19 @@ override OC: u32 = 1u;
 // dtype code of the residual (the norm weight has x's dtype)
 override RES_DT: u32 = 0u;
 
-var<workgroup> partial: array<f32, 2048>; // [R * M <= 8][256]
+// Slots of 256 f32 in `partial`: 8, or R * M where that is more (the
+// final sum holds one slot an accumulator).
+override SLOTS: u32 = 8u;
+// partial's length: a named override, since naga cannot set the unnamed
+// one that an array length of SLOTS * WG would make before the overrides
+// declared after it
+override PARTIAL: u32 = SLOTS * WG;
+
+var<workgroup> partial: array<f32, PARTIAL>; // [SLOTS][256]
 var<workgroup> inv_rms: array<f32, 8>;
+
+// A lane's accumulators: acc[c * M + r] for weight row c and row r of x.
+alias Accs = array<f32, 16>;
 
 // Norm weight elements e..e+3 (e a multiple of 4, off_g a multiple of 8).
 fn g4(e: u32) -> vec4<f32> {
@@ -72,7 +82,7 @@ fn weight_row(col0: u32, c: u32) -> u32 {
 // Adds the low-rank update to the accumulators of the lane set whose
 // first output column is col0, the ranks split across its lanes (so that
 // the lane sum joins them), divided by the 1 / rms that result() applies.
-fn add_low_rank(lane: u32, col0: u32, acc: ptr<function, array<f32, 8>>) {
+fn add_low_rank(lane: u32, col0: u32, acc: ptr<function, Accs>) {
     let rows = select(p.n, 2u * p.n, SWIGLU);
     for (var c = 0u; c < R; c++) {
         let row = weight_row(col0, c);
@@ -144,7 +154,7 @@ fn with_residual(v: f32, e: u32, early: array<u32, 9>, j: u32) -> f32 {
 // Sums each accumulator over the lane set (lanes `lane` of the set whose
 // first output column is col0) and writes the set's columns (`early`: see
 // residual_words).
-fn finish(lid: u32, lane: u32, col0: u32, acc_in: array<f32, 8>, early: array<u32, 9>) {
+fn finish(lid: u32, lane: u32, col0: u32, acc_in: Accs, early: array<u32, 9>) {
     var acc = acc_in;
     if LORA > 0u {
         if NORM {
