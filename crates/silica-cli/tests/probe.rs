@@ -107,7 +107,10 @@ fn train(set: &'static str, device: &str, extra: &[&str], name: &str) -> ProbeSe
     ProbeSet::load(&out).unwrap()
 }
 
-/// Asserts each layer's held-out accuracy is within 1 point of scikit-learn's.
+/// Asserts each layer's held-out accuracy is within 1 point of scikit-learn's,
+/// or within 2 held-out rows for one-vs-rest on two classes: there
+/// scikit-learn's `OneVsRestClassifier` fits a single classifier, silica one
+/// per class, so a row at the boundary may fall either way.
 fn check_against_sklearn(set: &str, probes: &ProbeSet, kind: &str, what: &str) {
     let g = &golden()["sets"][set];
     let holdout: Vec<usize> = serde_json::from_value(g["holdout"].clone()).unwrap();
@@ -115,13 +118,20 @@ fn check_against_sklearn(set: &str, probes: &ProbeSet, kind: &str, what: &str) {
         probes.holdout, holdout,
         "{what}: the held-out split changed"
     );
+    let binary_ovr =
+        kind == "one-vs-rest" && probes.probes.first().is_some_and(|p| p.classes.len() == 2);
+    let tolerance = if binary_ovr {
+        (2.0 / holdout.len() as f64).max(0.01)
+    } else {
+        0.01
+    };
     for p in &probes.probes {
         let ours = p.metrics.as_ref().unwrap().accuracy;
         let theirs = g["layers"][p.layer.to_string()][kind]["sklearn"]
             .as_f64()
             .unwrap();
         assert!(
-            (ours - theirs).abs() <= 0.01 + 1e-9,
+            (ours - theirs).abs() <= tolerance + 1e-9,
             "{what}: layer {} accuracy {ours} against scikit-learn's {theirs}",
             p.layer
         );
