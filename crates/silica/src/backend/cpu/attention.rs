@@ -224,7 +224,8 @@ mod x86 {
         };
         let mask = |c: usize| if c + 1 == chunks { tail } else { 0xffff };
         scores.clear();
-        scores.resize(group * n, 0.0);
+        // the group's scores, then 1 / their sums
+        scores.resize(group * n + group, 0.0);
         for h0 in (0..group).step_by(HB) {
             let hb = (group - h0).min(HB);
             let q = |g: usize| x.q[(pos * h + kv * group + h0 + g) * d..].as_ptr();
@@ -277,7 +278,7 @@ mod x86 {
                 }
             }
         }
-        let mut inv = vec![0f32; group];
+        let (scores, inv) = scores.split_at_mut(group * n);
         for (g, f) in inv.iter_mut().enumerate() {
             let s = &mut scores[g * n..(g + 1) * n];
             add_mask(x, bi, kv * group + g, i, s);
@@ -360,7 +361,8 @@ mod x86 {
             }
         };
         scores.clear();
-        scores.resize(group * n, 0.0);
+        // the group's scores, then 1 / their sums
+        scores.resize(group * n + group, 0.0);
         for h0 in (0..group).step_by(HB2) {
             let hb = (group - h0).min(HB2);
             let q = |g: usize| x.q[(pos * h + kv * group + h0 + g) * d..].as_ptr();
@@ -410,7 +412,7 @@ mod x86 {
                 }
             }
         }
-        let mut inv = vec![0f32; group];
+        let (scores, inv) = scores.split_at_mut(group * n);
         for (g, f) in inv.iter_mut().enumerate() {
             let s = &mut scores[g * n..(g + 1) * n];
             add_mask(x, bi, kv * group + g, i, s);

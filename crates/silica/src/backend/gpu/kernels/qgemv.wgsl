@@ -19,27 +19,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let early = residual_words(lane, col0);
     if NORM {
         // sums of squares of the M rows of x, then 1 / rms of each
+        var ss: RowSums;
         for (var r = 0u; r < M; r++) {
             var s = 0.0;
             for (var e = lid * 4u; e < p.k; e += 4u * WG) {
                 let v = x4(p.off_x + r * p.k + e);
                 s += dot(v, v);
             }
-            partial[r * WG + lid] = s;
+            ss[r] = s;
         }
-        workgroupBarrier();
-        for (var s = WG / 2u; s > 0u; s >>= 1u) {
-            if lid < s {
-                for (var r = 0u; r < M; r++) {
-                    partial[r * WG + lid] += partial[r * WG + lid + s];
-                }
-            }
-            workgroupBarrier();
-        }
-        if lid < M {
-            inv_rms[lid] = inverseSqrt(partial[lid * WG] / f32(p.k) + bitcast<f32>(p.eps));
-        }
-        workgroupBarrier();
+        publish_rms(lid, ss);
     }
     var acc: Accs;
     if col0 < p.n {

@@ -47,9 +47,6 @@ fn half_value(h: u32) -> f32 {
     return unpack2x16float(h).x;
 }
 
-// Sums of squares of x's rows (for NORM), one a row; a thread's own.
-alias RowSums = array<f32, 8>;
-
 // Part t of the slice of x being rounded (t = 4b + q: values 8q..8q+7 of
 // the slice's block b, that is block b0 + b % cb of row b / cb, where the
 // slice holds blocks b0..b0 + cb - 1 of each row), times the norm weight
@@ -487,28 +484,6 @@ fn sums(lid: u32, lane: u32, live: bool, blocks: u32, row_at: array<u32, 4>) -> 
         }
     }
     return acc;
-}
-
-// Publishes 1 / rms of each of the M rows of x in inv_rms, from every
-// thread's sums of squares `ss`: a tree in `partial`, one slot a row.
-fn publish_rms(lid: u32, ss: RowSums) {
-    for (var r = 0u; r < M; r++) {
-        partial[r * WG + lid] = ss[r];
-    }
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if lid < s {
-            for (var r = 0u; r < M; r++) {
-                partial[r * WG + lid] += partial[r * WG + lid + s];
-            }
-        }
-        workgroupBarrier();
-    }
-    if lid < M {
-        inv_rms[lid] = inverseSqrt(partial[lid * WG] / f32(p.k) + bitcast<f32>(p.eps));
-    }
-    // the lane sums write `partial` next
-    workgroupBarrier();
 }
 
 // The lane's sums for M > 1 rows of x: each unit's words, fetched once

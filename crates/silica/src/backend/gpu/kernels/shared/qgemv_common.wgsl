@@ -51,6 +51,31 @@ override PARTIAL: u32 = SLOTS * WG;
 var<workgroup> partial: array<f32, PARTIAL>; // [SLOTS][256]
 var<workgroup> inv_rms: array<f32, 8>;
 
+// Sums of squares of x's rows (for NORM), one a row; a thread's own.
+alias RowSums = array<f32, 8>;
+
+// Publishes 1 / rms of each of the M rows of x in inv_rms, from every
+// thread's sums of squares `ss`: a tree in `partial`, one slot a row.
+fn publish_rms(lid: u32, ss: RowSums) {
+    for (var r = 0u; r < M; r++) {
+        partial[r * WG + lid] = ss[r];
+    }
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+        if lid < s {
+            for (var r = 0u; r < M; r++) {
+                partial[r * WG + lid] += partial[r * WG + lid + s];
+            }
+        }
+        workgroupBarrier();
+    }
+    if lid < M {
+        inv_rms[lid] = inverseSqrt(partial[lid * WG] / f32(p.k) + bitcast<f32>(p.eps));
+    }
+    // the lane sums write `partial` next
+    workgroupBarrier();
+}
+
 // A lane's accumulators: acc[c * M + r] for weight row c and row r of x.
 alias Accs = array<f32, 16>;
 
