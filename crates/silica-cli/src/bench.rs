@@ -237,6 +237,28 @@ fn cases(large: bool, cpu: bool) -> Vec<Case> {
             }
         }
     }
+    // a server's steps of many sequences and short prompts: 16 to 128 rows
+    // of x on SmolLM2's and Llama 3.2 1B's products, weights read from
+    // memory as in a model's step
+    for (format, model, d, ffn) in [
+        (QuantFormat::Q4_1, "135m", 576, 1536),
+        (QuantFormat::Q4_0, "1b", 2048, 8192),
+    ] {
+        for m in [16, 32, 64, 128] {
+            for (proj, n, k) in [("qkv/o", d, d), ("up", ffn, d), ("down", d, ffn)] {
+                push(
+                    format!("qlinear {format} {model} rows{m} {proj} {m}x{n}x{k}"),
+                    Kind::QLinear {
+                        format,
+                        m,
+                        n,
+                        k,
+                        cold: true,
+                    },
+                );
+            }
+        }
+    }
     // LoRA products at SmolLM2's and Llama 3.2 1B's attention projection
     for (model, d) in [("135m", 576), ("1b", 2048)] {
         for m in [1, 512] {

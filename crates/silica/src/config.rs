@@ -16,6 +16,18 @@ pub const DEFAULT_SUBMIT_EVERY: u32 = 256;
 /// two timestamps for each).
 pub const MAX_SUBMIT_EVERY: u32 = 1024;
 
+/// Rows of x up to which a quantized product takes the GEMV kernels (in
+/// chunks of at most 8 rows) rather than the tiled ones: short prompts and
+/// a server's steps of many sequences (docs/tuning.md, "GEMV chunks").
+pub const DEFAULT_GEMV_ROWS: u32 = 64;
+
+/// Fewest rows [`GpuOptions::gemv_rows`] takes: products of up to 8 rows
+/// always take the GEMV kernels.
+pub const MIN_GEMV_ROWS: u32 = 8;
+
+/// Most rows [`GpuOptions::gemv_rows`] takes.
+pub const MAX_GEMV_ROWS: u32 = 256;
+
 /// How a GPU device is opened. [`GpuOptions::from_env`] gives the
 /// process's settings (what `Device::gpu` uses); [`Default`] gives every
 /// feature the adapter offers, whatever the environment says.
@@ -43,6 +55,9 @@ pub struct GpuOptions {
     /// Dispatches recorded before a batch is submitted, 1 to
     /// [`MAX_SUBMIT_EVERY`]. `SILICA_SUBMIT_EVERY=N`.
     pub submit_every: u32,
+    /// Rows of x up to which quantized products may take the GEMV kernels,
+    /// [`MIN_GEMV_ROWS`] to [`MAX_GEMV_ROWS`]. `SILICA_GEMV_ROWS=N`.
+    pub gemv_rows: u32,
     /// A missing kernel is an error instead of a CPU fallback.
     /// `SILICA_STRICT=1`.
     pub strict: bool,
@@ -65,6 +80,7 @@ impl Default for GpuOptions {
             mapped_buffers: true,
             integer_gemv: None,
             submit_every: DEFAULT_SUBMIT_EVERY,
+            gemv_rows: DEFAULT_GEMV_ROWS,
             strict: false,
             check: false,
             profile: false,
@@ -97,6 +113,10 @@ impl GpuOptions {
                 .and_then(|v| v.trim().parse::<u32>().ok())
                 .unwrap_or(d.submit_every)
                 .clamp(1, MAX_SUBMIT_EVERY),
+            gemv_rows: get("SILICA_GEMV_ROWS")
+                .and_then(|v| v.trim().parse::<u32>().ok())
+                .unwrap_or(d.gemv_rows)
+                .clamp(MIN_GEMV_ROWS, MAX_GEMV_ROWS),
             strict: on("SILICA_STRICT"),
             check: on("SILICA_CHECK"),
             profile: on("SILICA_PROFILE"),
@@ -198,6 +218,7 @@ mod tests {
             ("SILICA_NO_MAPPED", "yes"),
             ("SILICA_INTEGER_GEMV", "0"),
             ("SILICA_SUBMIT_EVERY", " 32 "),
+            ("SILICA_GEMV_ROWS", "16"),
             ("SILICA_STRICT", "1"),
             ("SILICA_CHECK", "on"),
             ("SILICA_PROFILE", "1"),
@@ -210,6 +231,7 @@ mod tests {
             mapped_buffers: false,
             integer_gemv: Some(false),
             submit_every: 32,
+            gemv_rows: 16,
             strict: true,
             check: true,
             profile: true,
@@ -236,5 +258,9 @@ mod tests {
         let clamp = |v: &str| options(&[("SILICA_SUBMIT_EVERY", v)]).submit_every;
         assert_eq!(clamp("0"), 1);
         assert_eq!(clamp("100000"), MAX_SUBMIT_EVERY);
+        let rows = |v: &str| options(&[("SILICA_GEMV_ROWS", v)]).gemv_rows;
+        assert_eq!(rows("0"), MIN_GEMV_ROWS);
+        assert_eq!(rows("x"), DEFAULT_GEMV_ROWS);
+        assert_eq!(rows("100000"), MAX_GEMV_ROWS);
     }
 }

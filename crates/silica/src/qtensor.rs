@@ -290,8 +290,9 @@ impl QTensor {
 
 /// What [`Tensor::matmul_q_fused`] does around the product `x @ wᵀ`: the
 /// steps of a transformer block that surround its projections, done in the
-/// product's kernel where the device has one for them (a GPU, for up to 8
-/// rows of `x`: decode), and as separate ops otherwise.
+/// product's kernel where the device has one for them (a GPU, where the
+/// GEMV kernels take the product: decode, short prompts, a server's
+/// steps), and as separate ops otherwise.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct QFuse<'a> {
     /// `x.rms_norm(weight, eps)` in place of `x`.
@@ -315,7 +316,9 @@ impl Tensor {
     /// `self @ wᵀ` for a quantized weight `w` of shape `[n, k]` stored as
     /// checkpoints store linear layers: `self` is `[.., k]` (any float
     /// dtype), the result `[.., n]` in the same dtype. The blocks are
-    /// decoded inside the kernel (GEMV for up to 8 rows, tiled otherwise).
+    /// decoded inside the kernel (GEMV for up to 8 rows, and in chunks of 8
+    /// up to `GpuFeatures::gemv_rows` on narrow enough products; tiled
+    /// otherwise).
     pub fn matmul_q(&self, w: &QTensor) -> Result<Tensor> {
         self.matmul_q_fused(w, QFuse::default())
     }
@@ -367,9 +370,9 @@ impl Tensor {
     /// A quantized product with the steps around it that `fuse` names:
     /// `residual + swiglu(rms_norm(self) @ wᵀ)`, each part optional (see
     /// [`QFuse`]). The result is `[.., n]` in `self`'s dtype, `n` the rows
-    /// of `w` (half of them with `swiglu`). On a GPU, for up to 8 rows of
-    /// `self` (4 with `swiglu`), the whole is one kernel; elsewhere it is
-    /// the same ops one after the other.
+    /// of `w` (half of them with `swiglu`). On a GPU, where the GEMV
+    /// kernels take the product (see [`Tensor::matmul_q`]), the whole is
+    /// one kernel; elsewhere it is the same ops one after the other.
     ///
     /// ```
     /// use silica::{DType, Device, QFuse, QTensor, QuantFormat, Tensor};

@@ -450,7 +450,7 @@ fn forced_matmul(d: &Device, kernel: &'static str, a: &Tensor, b: &Tensor) -> Re
 }
 
 /// `x @ wᵀ` with quantized `w`, every block format: the GEMV kernel (up to
-/// 8 rows of x) and the tiled one, on sizes that do not fill their tiles,
+/// 8 rows of x; 18 in chunks of 6) and the tiled one, on sizes that do not fill their tiles,
 /// with x contiguous, offset (copied by the op) and transposed; `w` random
 /// blocks, the same bytes on every device.
 fn qmatmul_cases(cases: &mut Vec<Case>) {
@@ -489,8 +489,8 @@ fn qmatmul_cases(cases: &mut Vec<Case>) {
 }
 
 /// `residual + swiglu(rms_norm(x) @ wᵀ)` with every subset of the three
-/// fusions: one kernel on a GPU for up to 8 rows of x (4 with SwiGLU),
-/// separate ops beyond; column counts odd and even (16-bit results of odd
+/// fusions: one kernel on a GPU for up to 64 rows of x (in chunks of up
+/// to 8), separate ops beyond; column counts odd and even (16-bit results of odd
 /// width go through an f32 buffer), a residual that is a transposed view.
 fn qmatmul_fused_cases(cases: &mut Vec<Case>) {
     // (rows of x, output columns, k)
@@ -500,6 +500,8 @@ fn qmatmul_fused_cases(cases: &mut Vec<Case>) {
         (3, 66, 256),
         (6, 10, 256),
         (12, 18, 256),
+        // three chunks of 7, 7 and 5 rows
+        (19, 34, 256),
         // a prefill: f16 activations enter the product in f16
         (70, 34, 256),
     ];

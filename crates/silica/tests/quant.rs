@@ -48,6 +48,14 @@ fn gpu_int8_activations(format: QuantFormat) -> bool {
     )
 }
 
+/// Whether `g` takes a product of `m` rows of x with `weight_rows` rows of
+/// w through the GEMV kernels, whose activations are rounded to 8 bits with
+/// `int8_activations` on: up to 8 rows, and up to its `gemv_rows` in chunks
+/// of 8 while chunks times weight rows stay within 32,768.
+fn takes_gemv(g: &silica::GpuDevice, m: usize, weight_rows: usize) -> bool {
+    m <= 8 || (m <= g.features().gemv_rows as usize && m.div_ceil(8) * weight_rows <= 1 << 15)
+}
+
 /// Formats whose CPU product quantizes x to 8 bits (as llama.cpp does).
 fn int8_activations(format: QuantFormat) -> bool {
     matches!(
@@ -131,6 +139,7 @@ fn matmul_q_matches_the_dequantized_reference() {
                 (3, 40, 512),
                 (8, 17, 256),
                 (9, 33, 768),
+                (23, 40, 512),
                 (67, 70, 256),
             ] {
                 let w = QTensor::random(format, &[n, k], 5, &dev).unwrap();
@@ -147,11 +156,12 @@ fn matmul_q_matches_the_dequantized_reference() {
                 // the CPU multiplies these formats with x rounded to 8 bits
                 // per block of 32 (scale amax / 127): each output may then
                 // be off by up to Σ |w| · amax / 254 over the blocks
-                // (the same on a GPU with 8-bit activations, for up to 8 rows)
+                // (the same on a GPU with 8-bit activations, for the rows
+                // that take the GEMV kernels)
                 let rounds = match &dev {
                     Device::Cpu => silica::cpu_int8_activations() && int8_activations(format),
                     Device::Gpu(g) => {
-                        g.int8_activations() && m <= 8 && gpu_int8_activations(format)
+                        g.int8_activations() && takes_gemv(g, m, n) && gpu_int8_activations(format)
                     }
                 };
                 let slack = if rounds {
@@ -221,7 +231,8 @@ fn cpu_int8_activations_switch() {
 /// sizes of the kernel's buffer for x (K up to 4,096 and past it) and
 /// every activation dtype; off, the exact kernel. The same for 2, 3, 5 and
 /// 8 rows of x (a server's step of several sequences), with rows that the
-/// buffer holds whole and rows that it takes a slice at a time.
+/// buffer holds whole and rows that it takes a slice at a time, and for 9
+/// and 23 rows in chunks of at most 8.
 #[test]
 fn gpu_int8_activations_stay_within_the_rounding_bound() {
     let _switch = int8_switch();
@@ -256,13 +267,16 @@ fn gpu_int8_activations_stay_within_the_rounding_bound() {
             };
             // several rows of x: whole in x's buffer, and a slice at a
             // time (K = 4,128 and 4,352 at 5 rows and more; the last slice
-            // shorter than the others)
+            // shorter than the others); past 8 rows, in chunks (9: 5 and 4
+            // rows, 23: 8, 8 and 7)
             let rows: &[(usize, &[usize])] = &[
                 (1, &[]),
                 (2, &[0, 1]),
                 (3, &[1, 3]),
                 (5, &[2, 3]),
                 (8, &[0, 3]),
+                (9, &[1]),
+                (23, &[0, 3]),
             ];
             let cases = rows.iter().flat_map(|&(m, picks)| {
                 let some: Vec<(usize, usize)> = match m {
@@ -501,8 +515,8 @@ enum Gate {
 
 /// The fused product against its definition written with the dequantized
 /// weight and plain f32 ops (RMSNorm by hand, matmul, SwiGLU, add), on
-/// every device: one kernel on a GPU for up to 8 rows of x, separate ops
-/// for 9. K = 4,352 takes qgemv_i8's other way of rounding x (one thread a
+/// every device: one kernel on a GPU for up to its GEMV rows (64 by
+/// default; past 8 in chunks of up to 8). K = 4,352 takes qgemv_i8's other way of rounding x (one thread a
 /// block, past 128 blocks) with the norm fused; with 8 rows (3 in the K
 /// formats, K = 5,888) x's buffer takes a slice of each row at a time.
 #[test]
@@ -557,6 +571,8 @@ fn fused_products_match_their_definition() {
                 (8, 256, Gate::Silu),
                 (8, 256, Gate::Gelu),
                 (8, 768, Gate::None),
+                (17, 256, Gate::None),
+                (23, 512, Gate::Silu),
                 (sliced.0, sliced.1, Gate::Silu),
                 (sliced.0, sliced.1, Gate::None),
             ];
@@ -593,10 +609,13 @@ fn fused_products_match_their_definition() {
                         .map(|(&v, &s)| v as f64 * inv * s as f64)
                         .collect();
                     // the CPU rounds the normed rows to 8 bits for these
-                    // formats, a GPU up to 8 rows with 8-bit activations on
-                    let rounds = match dev {
+                    // formats, a GPU those of its GEMV kernels with 8-bit
+                    // activations on
+                    let rounds = match &dev {
                         Device::Cpu => silica::cpu_int8_activations() && int8_activations(format),
-                        _ => gpu_int8 && rows <= 8 && gpu_int8_activations(format),
+                        Device::Gpu(g) => {
+                            gpu_int8 && takes_gemv(g, rows, w_rows) && gpu_int8_activations(format)
+                        }
                     };
                     let h = if rounds { rounded_to_8_bits(&h) } else { h };
                     let dot = |j: usize| -> f64 {

@@ -296,7 +296,9 @@ pub(crate) fn fused_qmatmul(
     let x = call.inputs[0];
     let k = x.shape().last().copied().unwrap_or(0);
     let rows = x.numel() / k.max(1);
-    if !x.dtype().is_float() || !super::qmatmul::fuses(rows) {
+    let n = call.out_shape.last().copied().unwrap_or(0);
+    let weight_rows = if fusion.gated() { 2 * n } else { n };
+    if !x.dtype().is_float() || !super::qmatmul::takes_gemv(&call.device.ctx, rows, weight_rows) {
         return Ok(false);
     }
     // check mode compares with the CPU's exact products

@@ -273,9 +273,10 @@ impl GpuDevice {
         self.check.store(on, Ordering::Relaxed);
     }
 
-    /// Whether decode's products with Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K
-    /// weights (one row of activations, K up to 16,384) round the
-    /// activations to 8 bits per block of 32 and multiply with packed
+    /// Whether the GEMV kernels' products with Q4_0, Q4_1, Q8_0, Q4_K, Q5_K
+    /// and Q6_K weights (decode, and up to `GpuFeatures::gemv_rows` rows
+    /// of activations where those take them: short prompts, a server's
+    /// steps) round the activations to 8 bits per block of 32 and multiply with packed
     /// integer dot products, as llama.cpp's GPU backends do; the exact f32
     /// kernel otherwise. Each output may then differ from the exact
     /// product by up to `Σ |w| · amax(x) / 254` over the blocks of 32, the

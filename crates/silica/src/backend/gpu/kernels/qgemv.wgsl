@@ -11,6 +11,7 @@
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    start_chunk(wid);
     let lane = lid % LANES;
     let q = lane % 4u;
     let col0 = (group_index(wid, nwg) * (WG / LANES) + lid / LANES) * OC;
@@ -23,7 +24,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         for (var r = 0u; r < M; r++) {
             var s = 0.0;
             for (var e = lid * 4u; e < p.k; e += 4u * WG) {
-                let v = x4(p.off_x + r * p.k + e);
+                let v = x4(p.off_x + x_row(r) * p.k + e);
                 s += dot(v, v);
             }
             ss[r] = s;
@@ -44,7 +45,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             // the sums of those values, for part_biased's form
             var xsum: array<f32, 8>;
             for (var r = 0u; r < M; r++) {
-                let xr = p.off_x + r * p.k + gi * 32u;
+                let xr = p.off_x + x_row(r) * p.k + gi * 32u;
                 xs[2u * r] = x4(xr + ko.x) * gl;
                 xs[2u * r + 1u] = x4(xr + ko.y) * gh;
                 if has_biased() {

@@ -60,7 +60,7 @@ fn x_part(t: u32, cb: u32, b0: u32, ss: ptr<function, RowSums>) -> array<vec4<f3
     }
     // the element in its row
     let e = (b0 + b - r * cb) * 32u + (t & 3u) * 8u;
-    let at = p.off_x + r * p.k + e;
+    let at = p.off_x + x_row(r) * p.k + e;
     var v = array<vec4<f32>, 2>(x4(at), x4(at + 4u));
     if NORM {
         let s = dot(v[0], v[0]) + dot(v[1], v[1]);
@@ -533,6 +533,7 @@ fn sums_rows(lid: u32, lane: u32, live: bool, blocks: u32, row_at: array<u32, 4>
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    start_chunk(wid);
     let lane = lid % LANES;
     let col0 = (group_index(wid, nwg) * (WG / LANES) + lid / LANES) * OC;
     let blocks = p.k / 32u;

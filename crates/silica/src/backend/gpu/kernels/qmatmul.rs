@@ -198,11 +198,33 @@ fn gemv_lanes(n: usize, k: usize, rows: usize) -> usize {
     lanes
 }
 
-/// Whether the GEMV kernels compute the fusions for `m` rows of x: up to
-/// 8 rows, every fusion (SwiGLU's lane sets take two weight rows at least,
-/// see [`gemv_rows`]).
-pub(crate) fn fuses(m: usize) -> bool {
+/// Whether the GEMV kernels take (and fuse, every fusion: SwiGLU's lane
+/// sets take two weight rows at least, see [`gemv_rows`]) a product of `m`
+/// rows of x with `weight_rows` rows of w on this device: up to 8 rows of
+/// x always; up to `GpuFeatures::gemv_rows` in chunks of at most 8 while
+/// the chunks times the weight rows stay within [`GEMV_CHUNK_ROWS`].
+pub(crate) fn takes_gemv(ctx: &Context, m: usize, weight_rows: usize) -> bool {
     m <= GEMV_MAX_M
+        || (m <= ctx.features().gemv_rows as usize
+            && gemv_chunks(m).0 * weight_rows <= GEMV_CHUNK_ROWS)
+}
+
+/// Weight rows times chunks of 8 rows of x up to which the GEMV kernels
+/// beat the tiled ones. Each chunk reads the weight again (from the
+/// cache where it fits), while the tiled kernel's 64-column tiles leave
+/// most of a large GPU idle on narrow products: on an H200 a 1B model's
+/// 2,048-column products take the GEMV up to 64 rows of x (8 chunks),
+/// its 8,192-column up product up to 32 rows (4), as measured
+/// (docs/tuning.md, "GEMV chunks").
+const GEMV_CHUNK_ROWS: usize = 1 << 15;
+
+/// The chunks of a GEMV product of `m` rows of x (`fuses`): how many, and
+/// the rows each takes (the last may take fewer). As even as whole chunks
+/// of at most [`GEMV_MAX_M`] rows allow, since a chunk of M rows costs
+/// about the same whatever its rows.
+fn gemv_chunks(m: usize) -> (usize, usize) {
+    let chunks = m.div_ceil(GEMV_MAX_M).max(1);
+    (chunks, m.div_ceil(chunks))
 }
 
 /// Output columns of one GEMV lane set dotting `rows` weight rows: all of
@@ -237,7 +259,9 @@ pub(crate) fn qmatmul(
             reason: "x must be contiguous from a multiple of 8 elements".into(),
         });
     }
-    if !fusion.is_none() && !fuses(m) {
+    let weight_rows = if fusion.gated() { 2 * n } else { n };
+    let gemv_path = takes_gemv(ctx, m, weight_rows);
+    if !fusion.is_none() && !gemv_path {
         return Err(Error::NotSupported {
             op: "matmul_q",
             reason: format!("no kernel fuses {fusion:?} for {m} rows"),
@@ -245,7 +269,10 @@ pub(crate) fn qmatmul(
     }
     let row_bytes = format.bytes_for(k);
     let max = ctx.max_groups() as usize;
-    let (kernel, grid, gemv) = if m <= GEMV_MAX_M {
+    let (kernel, grid, gemv) = if gemv_path {
+        // in chunks of up to 8 rows of x, one a grid row (the shaders'
+        // `start_chunk`)
+        let (chunks, m) = gemv_chunks(m);
         // qgemv_i8 where the device allows 8-bit activations, else the f32
         // kernel. Both take 4 weight rows per lane set, 2 for outputs of up
         // to 3,072 columns, 1 up to 1,024 (see gemv_rows); SwiGLU keeps 4.
@@ -290,7 +317,7 @@ pub(crate) fn qmatmul(
         };
         (
             kernel,
-            [groups.min(max), groups.div_ceil(max), 1],
+            [groups.min(max), groups.div_ceil(max), chunks],
             Some(gemv),
         )
     } else if m >= COOP_MIN_M && x.dtype() == DType::F16 && super::matmul::coop_tiles(ctx) {

@@ -13,6 +13,11 @@
 //   columns of each and writes silu(gate) * up, or with GELU
 //   gelu_tanh(gate) * up (GeGLU).
 // - RESIDUAL: the residual r [M, N] (dtype RES_DT) is added.
+//
+// A product of more rows than M (up to 64: a short prompt, a server's step
+// of many sequences) runs in chunks of M rows, chunk z in the workgroups
+// of grid row z: rows z M .. z M + M - 1 of x, the residual and the
+// low-rank u, where those past p.m repeat the last row and write nothing.
 
 @group(0) @binding(0) var<uniform> p: QParams;
 @group(0) @binding(1) var<storage, read> src_x: array<vec4<u32>>;
@@ -49,6 +54,20 @@ override SLOTS: u32 = 8u;
 override PARTIAL: u32 = SLOTS * WG;
 
 var<workgroup> partial: array<f32, PARTIAL>; // [SLOTS][256]
+
+// The first row of x (of the whole product) of this workgroup's chunk:
+// set by `start_chunk`.
+var<private> row0: u32;
+
+// Sets row0 from the workgroup's grid row.
+fn start_chunk(wid: vec3<u32>) {
+    row0 = wid.z * M;
+}
+
+// Row r of this chunk as a row of the whole product, clamped to the last.
+fn x_row(r: u32) -> u32 {
+    return min(row0 + r, p.m - 1u);
+}
 var<workgroup> inv_rms: array<f32, 8>;
 
 // Sums of squares of x's rows (for NORM), one a row; a thread's own.
@@ -115,7 +134,7 @@ fn add_low_rank(lane: u32, col0: u32, acc: ptr<function, Accs>) {
             var s = 0.0;
             for (var q = lane; q < LORA; q += LANES) {
                 let i = q * rows + row;
-                s += src_lu[r * LORA + q] * decode(src_lb[word_index(i, IN_DT)], i, IN_DT);
+                s += src_lu[x_row(r) * LORA + q] * decode(src_lb[word_index(i, IN_DT)], i, IN_DT);
             }
             if NORM {
                 s /= inv_rms[r];
@@ -148,27 +167,28 @@ fn result(j: u32, r: u32, slot: u32) -> f32 {
     return v;
 }
 
-// The residual's words that a lane set's first lane adds to row 0 (word j
-// holds column col0 + j; OC + 1 of them, for the word a column may share
-// with the next), loaded when the kernel starts, so that the final writes
-// do not wait for a load of their own. Other rows load theirs at the end.
+// The residual's words that a lane set's first lane adds to the chunk's
+// row 0 (word j holds column col0 + j; OC + 1 of them, for the word a
+// column may share with the next), loaded when the kernel starts, so that
+// the final writes do not wait for a load of their own. Other rows load
+// theirs at the end.
 fn residual_words(lane: u32, col0: u32) -> array<u32, 9> {
     var w: array<u32, 9>;
     if RESIDUAL && lane == 0u {
         for (var j = 0u; j <= OC; j++) {
-            w[j] = src_r[word_index(p.off_r + min(col0 + j, p.n - 1u), RES_DT)];
+            w[j] = src_r[word_index(p.off_r + x_row(0u) * p.n + min(col0 + j, p.n - 1u), RES_DT)];
         }
     }
     return w;
 }
 
-// v plus the residual's element e (row e / N), where `early` from
-// residual_words holds it in word j if the row is 0.
-fn with_residual(v: f32, e: u32, early: array<u32, 9>, j: u32) -> f32 {
+// v plus the residual's element e (row e / N, the chunk's row r), where
+// `early` from residual_words holds it in word j if r is 0.
+fn with_residual(v: f32, e: u32, r: u32, early: array<u32, 9>, j: u32) -> f32 {
     if RESIDUAL {
         let i = p.off_r + e;
         var w = early[j];
-        if e >= p.n {
+        if r > 0u {
             w = src_r[word_index(i, RES_DT)];
         }
         return v + decode(w, i, RES_DT);
@@ -198,8 +218,11 @@ fn finish(lid: u32, lane: u32, col0: u32, acc_in: Accs, early: array<u32, 9>) {
             return;
         }
         for (var r = 0u; r < M; r++) {
-            let e = r * p.n + col;
-            let v = with_residual(result(j, r, lid), e, early, j);
+            if row0 + r >= p.m {
+                break;
+            }
+            let e = (row0 + r) * p.n + col;
+            let v = with_residual(result(j, r, lid), e, r, early, j);
             if OUT_DT == 1u || OUT_DT == 2u {
                 // N is even (the launcher goes through f32 otherwise): the
                 // even column writes the word it shares with the next one,
@@ -212,7 +235,7 @@ fn finish(lid: u32, lane: u32, col0: u32, acc_in: Accs, early: array<u32, 9>) {
                     } else {
                         next = result(0u, r, lid + LANES);
                     }
-                    dst[e >> 1u] = encode_pair(v, with_residual(next, e + 1u, early, j + 1u), OUT_DT);
+                    dst[e >> 1u] = encode_pair(v, with_residual(next, e + 1u, r, early, j + 1u), OUT_DT);
                 }
             } else {
                 dst[e] = bitcast<u32>(v);
