@@ -252,6 +252,23 @@ fn the_openai_client_works_on_every_gpu() {
     for i in 0..n {
         let dev = format!("gpu:{i}");
         let server = Server::start(&["--device", &dev, "--parallel", "4"]);
+        // the steps' kernels were built before the server said it was
+        // ready: prompts and 1 to 4 sequences at once build none
+        let built = server.metric("silica_kernels_built_total");
+        assert!(built > 0.0, "{dev}: no kernel built before ready");
+        let port = server.port;
+        let clients: Vec<_> = (0..3)
+            .map(|_| std::thread::spawn(move || stream_chat(port, 6, None).is_some()))
+            .collect();
+        for c in clients {
+            assert!(c.join().unwrap(), "{dev}: a stream did not complete");
+        }
+        assert!(stream_chat(port, 3, None).is_some());
+        assert_eq!(
+            server.metric("silica_kernels_built_total"),
+            built,
+            "{dev}: a step built a kernel after ready"
+        );
         run_openai_client(&server);
     }
 }

@@ -98,7 +98,14 @@ impl Engine {
         context: usize,
         metrics: Arc<Metrics>,
     ) -> silica_models::Result<Engine> {
-        let pool = model.new_pool(parallel)?;
+        let mut pool = model.new_pool(parallel)?;
+        // the steps' kernels before the server is ready; one that fails to
+        // build here is built (or reported) by the step that needs it
+        if let Err(e) = model.build_pooled_kernels(&mut pool, PREFILL_PER_STEP.min(context)) {
+            eprintln!(
+                "silica serve: building the kernels ahead failed ({e}); steps build them as they come"
+            );
+        }
         let (tx, rx) = mpsc::channel();
         let queued = Arc::new(AtomicUsize::new(0));
         let active = Arc::new(AtomicUsize::new(0));

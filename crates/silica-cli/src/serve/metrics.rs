@@ -95,8 +95,13 @@ impl Metrics {
         h.2 += s;
     }
 
-    /// The Prometheus text, with the device's memory figures.
-    pub fn render(&self, memory: &silica::MemoryStats) -> String {
+    /// The Prometheus text, with the device's memory figures and the
+    /// kernels it has built (count and time, see `Device::pipeline_builds`).
+    pub fn render(
+        &self,
+        memory: &silica::MemoryStats,
+        kernels: (u64, std::time::Duration),
+    ) -> String {
         let mut o = String::new();
         let g = |o: &mut String, name: &str, kind: &str, help: &str, v: String| {
             let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
@@ -223,6 +228,20 @@ impl Metrics {
             "gauge",
             "The largest allocated figure so far.",
             memory.peak_allocated.to_string(),
+        );
+        g(
+            &mut o,
+            "silica_kernels_built_total",
+            "counter",
+            "GPU kernels (pipelines) built since the start; the model's steps are built before the server is ready.",
+            kernels.0.to_string(),
+        );
+        g(
+            &mut o,
+            "silica_kernel_build_seconds_total",
+            "counter",
+            "Time spent building them.",
+            format!("{:.6}", kernels.1.as_secs_f64()),
         );
         o
     }

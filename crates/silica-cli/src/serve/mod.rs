@@ -983,12 +983,10 @@ async fn live() -> Response {
 }
 
 async fn metrics_text(State(state): State<Shared>) -> Response {
-    let memory = state
-        .loaded
-        .get()
-        .map(|l| l.device.memory_stats())
-        .unwrap_or_default();
-    let mut r = state.metrics.render(&memory).into_response();
+    let loaded = state.loaded.get();
+    let memory = loaded.map(|l| l.device.memory_stats()).unwrap_or_default();
+    let kernels = loaded.map_or((0, Duration::ZERO), |l| l.device.pipeline_builds());
+    let mut r = state.metrics.render(&memory, kernels).into_response();
     r.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; version=0.0.4"),

@@ -180,6 +180,88 @@ impl Llama {
         Ok(pool)
     }
 
+    /// Builds the GPU kernels that pooled steps take, without running them
+    /// (see [`silica::Device::build_kernels_only`]): one sequence feeding 1
+    /// to 64 tokens and `longest`, two feeding prompts together, and 1 to
+    /// 64 sequences (and all the free slots, where more) feeding a token
+    /// each, from the host and from the device's picks. A server does this before it says it is ready, so
+    /// that its first step of each size does not stop to build kernels (a
+    /// driver without its cache takes 0.1 to 1 s a kernel). Each new size
+    /// of step can need a kernel of its own: products of up to 64 rows
+    /// take the GEMV kernels in chunks of 5 to 8 rows. `pool`'s free slots
+    /// are used and left free and empty; nothing happens off the GPU.
+    pub fn build_pooled_kernels(&self, pool: &mut KvPool, longest: usize) -> Result<()> {
+        if !self.device.is_gpu() {
+            return Ok(());
+        }
+        let free: Vec<usize> = std::iter::from_fn(|| pool.acquire()).collect();
+        let built = self
+            .device
+            .build_kernels_only(|| self.pooled_shapes(pool, &free, longest));
+        for &slot in &free {
+            pool.release(slot);
+        }
+        built
+    }
+
+    /// The steps of [`Llama::build_pooled_kernels`] on the slots `free`.
+    fn pooled_shapes(&self, pool: &mut KvPool, free: &[usize], longest: usize) -> Result<()> {
+        let Some(&first) = free.first() else {
+            return Ok(());
+        };
+        let longest = longest.min(self.config.context_length);
+        let ids = vec![0u32; longest.max(64)];
+        let chunks = (1..=64.min(longest)).chain((longest > 64).then_some(longest));
+        for m in chunks {
+            pool.lens[first] = 0;
+            let steps = [PoolStep {
+                slot: first,
+                ids: &ids[..m],
+            }];
+            self.forward_pooled(pool, &steps)?.argmax(-1, false)?;
+        }
+        // prompts of two sequences in one step, and a prompt beside a
+        // decoding sequence
+        if let [a, b, ..] = *free {
+            for (ta, tb) in [(2, 2), (2, 1)] {
+                (pool.lens[a], pool.lens[b]) = (0, 0);
+                let steps = [
+                    PoolStep {
+                        slot: a,
+                        ids: &ids[..ta],
+                    },
+                    PoolStep {
+                        slot: b,
+                        ids: &ids[..tb],
+                    },
+                ];
+                self.forward_pooled(pool, &steps)?.argmax(-1, false)?;
+            }
+        }
+        let many = (free.len() > 64).then_some(free.len());
+        for n in (1..=free.len().min(64)).chain(many) {
+            for &slot in free {
+                pool.lens[slot] = 0;
+            }
+            let steps: Vec<PoolStep> = free[..n]
+                .iter()
+                .map(|&slot| PoolStep {
+                    slot,
+                    ids: &ids[..1],
+                })
+                .collect();
+            let argmax = self.forward_pooled(pool, &steps)?.argmax(-1, false)?;
+            let picked: Vec<PickedStep> = free[..n]
+                .iter()
+                .enumerate()
+                .map(|(row, &slot)| PickedStep { slot, row })
+                .collect();
+            self.forward_pooled_picked(pool, &[], &picked, Some(&argmax))?
+                .argmax(-1, false)?;
+        }
+        Ok(())
+    }
+
     /// Makes room for `total` positions in every slot of `pool`, keeping
     /// what the slots hold.
     fn reserve_pool(&self, pool: &mut KvPool, total: usize) -> Result<()> {
