@@ -184,7 +184,7 @@ impl Llama {
     /// (see [`silica::Device::build_kernels_only`]): one sequence feeding 1
     /// to 64 tokens and `longest`, two feeding prompts together, and 1 to
     /// 64 sequences (and all the free slots, where more) feeding a token
-    /// each, from the host and from the device's picks. A server does this before it says it is ready, so
+    /// each, from the host, from the device's picks, and both. A server does this before it says it is ready, so
     /// that its first step of each size does not stop to build kernels (a
     /// driver without its cache takes 0.1 to 1 s a kernel). Each new size
     /// of step can need a kernel of its own: products of up to 64 rows
@@ -258,6 +258,15 @@ impl Llama {
                 .collect();
             self.forward_pooled_picked(pool, &[], &picked, Some(&argmax))?
                 .argmax(-1, false)?;
+            // and a token from the host beside the picked ones
+            if n < free.len() {
+                let host = [PoolStep {
+                    slot: free[n],
+                    ids: &ids[..1],
+                }];
+                self.forward_pooled_picked(pool, &host, &picked, Some(&argmax))?
+                    .argmax(-1, false)?;
+            }
         }
         Ok(())
     }
