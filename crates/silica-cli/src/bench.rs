@@ -496,12 +496,12 @@ fn build(
             let flops = 2.0 * (m * n * k + m * rank * (k + n)) as f64;
             let bytes = size as f64 + es * (m * k + m * n + rank * (k + n)) as f64;
             let ws = Cycle::new(ws);
+            // as a model applies an adapter: u = x·aᵀ inside the product
             let run = move || {
-                let u = x.project_low_rank(&a, None)?;
                 x.matmul_q_fused(
                     ws.next(),
                     QFuse {
-                        low_rank: Some((&u, &b)),
+                        low_rank_a: Some((&a, &b)),
                         ..QFuse::default()
                     },
                 )

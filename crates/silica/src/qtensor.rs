@@ -310,6 +310,15 @@ pub struct QFuse<'a> {
     /// gives it, one row per row of `self`) and `b [r, rows of w]` in
     /// `self`'s dtype. A LoRA adapter's update of this projection.
     pub low_rank: Option<(&'a Tensor, &'a Tensor)>,
+    /// As `low_rank`, with the product computing u itself: `(a, b)` adds
+    /// `self.project_low_rank(a, eps) @ b`, `eps` the `rms_norm`'s where
+    /// it is set (its weight folded into `a`, as for
+    /// [`Tensor::project_low_rank`]), `a [r, k]` and `b [r, rows of w]` in
+    /// `self`'s dtype. On a GPU, where the GEMV kernels take the product,
+    /// each workgroup computes u for its rows, which saves a dispatch per
+    /// product; elsewhere it is `project_low_rank` and then the product.
+    /// Not with `low_rank`.
+    pub low_rank_a: Option<(&'a Tensor, &'a Tensor)>,
 }
 
 impl Tensor {
@@ -395,7 +404,8 @@ impl Tensor {
             && !fuse.swiglu
             && !fuse.geglu
             && fuse.residual.is_none()
-            && fuse.low_rank.is_none();
+            && fuse.low_rank.is_none()
+            && fuse.low_rank_a.is_none();
         let op = if plain { "matmul_q" } else { "matmul_q_fused" };
         self.same_device(&w.words, op)?;
         let k = self.shape().last().copied().unwrap_or(0);
@@ -506,6 +516,42 @@ impl Tensor {
             inputs.push(Cow::Owned(own(u)?));
             inputs.push(Cow::Owned(own(b)?));
         }
+        if let Some((a, b)) = fuse.low_rank_a {
+            self.same_device(a, op)?;
+            self.same_device(b, op)?;
+            let r = a.shape().first().copied().unwrap_or(0);
+            let fits = fuse.low_rank.is_none()
+                && a.rank() == 2
+                && r > 0
+                && a.shape()[1] == k
+                && a.dtype() == self.dtype()
+                && b.shape() == [r, w.rows]
+                && b.dtype() == self.dtype();
+            if !fits {
+                return Err(Error::InvalidArgument {
+                    op,
+                    msg: format!(
+                        "the low-rank update needs a [r, {k}] and b [r, {}] in {} (and no u beside them), not a {:?} {} and b {:?} {}",
+                        w.rows,
+                        self.dtype(),
+                        a.shape(),
+                        a.dtype(),
+                        b.shape(),
+                        b.dtype()
+                    ),
+                });
+            }
+            // read whole from their first element, a's rows at whole words
+            let own = |t: &'_ Tensor| -> Result<Tensor> {
+                if t.is_contiguous() && t.layout().offset() == 0 {
+                    Ok(t.clone())
+                } else {
+                    t.copy()
+                }
+            };
+            inputs.push(Cow::Owned(own(a)?));
+            inputs.push(Cow::Owned(own(b)?));
+        }
         let refs: Vec<&Tensor> = inputs.iter().map(|t| t.as_ref()).collect();
         if plain {
             let op = Op::QMatmul { format: w.format };
@@ -518,7 +564,8 @@ impl Tensor {
                 swiglu: fuse.swiglu,
                 geglu: fuse.geglu,
                 residual: fuse.residual.is_some(),
-                low_rank: fuse.low_rank.is_some(),
+                low_rank: fuse.low_rank.is_some() || fuse.low_rank_a.is_some(),
+                project: fuse.low_rank_a.is_some(),
             },
             out_shape,
         };
@@ -577,7 +624,11 @@ pub(crate) fn qmatmul_composed(
     let residual = fusion.residual.then(|| inputs[next]);
     next += fusion.residual as usize;
     if fusion.low_rank {
-        y = y.add(&cast(inputs[next])?.matmul(&cast(inputs[next + 1])?)?)?;
+        let u = match fusion.project {
+            true => inputs[0].project_low_rank(inputs[next], fusion.rms_norm)?,
+            false => inputs[next].clone(),
+        };
+        y = y.add(&cast(&u)?.matmul(&cast(inputs[next + 1])?)?)?;
     }
     if fusion.gated() {
         let n = rows / 2;

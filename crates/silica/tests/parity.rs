@@ -533,6 +533,7 @@ fn qmatmul_fused_cases(cases: &mut Vec<Case>) {
                             geglu,
                             residual: residual.then_some(&r),
                             low_rank: None,
+                            low_rank_a: None,
                         };
                         x.matmul_q_fused(&w, fuse)
                     });
@@ -540,15 +541,17 @@ fn qmatmul_fused_cases(cases: &mut Vec<Case>) {
             }
         }
     }
-    // with a low-rank update (u from project_low_rank, as LoRA runs it)
-    // added before the SwiGLU, in four of the combinations
+    // with a low-rank update added before the SwiGLU, in four of the
+    // combinations: u from project_low_rank, or (inside) computed by the
+    // product from a, as LoRA runs it
     for format in [QuantFormat::Q4_0, QuantFormat::Q4_K] {
         for dtype in DType::FLOATS {
-            for bits in [0u32, 1, 3, 5] {
+            for bits in [0u32, 1, 3, 5, 8, 9, 11, 13] {
                 let (norm, swiglu, residual) = (bits & 1 != 0, bits & 2 != 0, bits & 4 != 0);
+                let inside = bits & 8 != 0;
                 for (m, n, k) in shapes {
                     let name = format!(
-                        "matmul_q_fused+low_rank {format} {dtype} norm={norm} swiglu={swiglu} residual={residual} [{m}, {k}] -> {n}"
+                        "matmul_q_fused+low_rank {format} {dtype} norm={norm} swiglu={swiglu} residual={residual} inside={inside} [{m}, {k}] -> {n}"
                     );
                     case(cases, name, quantized(dtype, m), move |d| {
                         let rows = if swiglu { 2 * n } else { n };
@@ -564,7 +567,8 @@ fn qmatmul_fused_cases(cases: &mut Vec<Case>) {
                             swiglu,
                             geglu: false,
                             residual: residual.then_some(&r),
-                            low_rank: Some((&u, &b)),
+                            low_rank: (!inside).then_some((&u, &b)),
+                            low_rank_a: inside.then_some((&a, &b)),
                         };
                         x.matmul_q_fused(&w, fuse)
                     });

@@ -591,6 +591,7 @@ fn fused_products_match_their_definition() {
                     geglu: gelu,
                     residual: Some(&r),
                     low_rank: None,
+                    low_rank_a: None,
                 };
                 let got: Vec<f32> = x.matmul_q_fused(&w, fuse).unwrap().to_vec().unwrap();
                 let (xs, gs, rs): (Vec<f32>, Vec<f32>, Vec<f32>) = (

@@ -116,6 +116,15 @@ impl Weight {
     ) -> silica::Result<Tensor> {
         match lora {
             None => self.fused(x, fuse),
+            // the product computes u = x·aᵀ itself (in its GEMV kernel on a
+            // GPU: one dispatch instead of two)
+            Some(lr) if matches!(self, Weight::Quant(_)) => {
+                let fuse = QFuse {
+                    low_rank_a: Some((&lr.a, &lr.b)),
+                    ..fuse
+                };
+                self.fused(x, fuse)
+            }
             Some(lr) => {
                 let u = lr.input(x, fuse.rms_norm.map(|n| n.1))?;
                 let fuse = QFuse {

@@ -38,6 +38,10 @@ pub struct QFusion {
     /// A low-rank update `u @ b` added to the product before the SwiGLU:
     /// the op's last two inputs, `u [.., r]` (f32) and `b [r, rows of w]`.
     pub low_rank: bool,
+    /// With `low_rank`: the op's input is `a [r, k]` (x's dtype) instead
+    /// of u, and u is `project_low_rank(x, a)` (normed with `rms_norm`'s
+    /// epsilon where it is set), computed by the op.
+    pub project: bool,
 }
 
 impl QFusion {
@@ -48,6 +52,7 @@ impl QFusion {
         geglu: false,
         residual: false,
         low_rank: false,
+        project: false,
     };
 
     /// Whether the product is gated (SwiGLU or GeGLU): `w` holds gate and

@@ -298,7 +298,10 @@ pub(crate) fn fused_qmatmul(
     let rows = x.numel() / k.max(1);
     let n = call.out_shape.last().copied().unwrap_or(0);
     let weight_rows = if fusion.gated() { 2 * n } else { n };
-    if !x.dtype().is_float() || !super::qmatmul::takes_gemv(&call.device.ctx, rows, weight_rows) {
+    if !x.dtype().is_float()
+        || !super::qmatmul::takes_gemv(&call.device.ctx, rows, weight_rows)
+        || !super::qmatmul::projects_in_kernel(fusion, call.inputs, rows)
+    {
         return Ok(false);
     }
     // check mode compares with the CPU's exact products

@@ -281,7 +281,11 @@ pub(crate) fn qmatmul(
         // 4 at 2,048 both lose (docs/tuning.md, "Decode GEMV rows").
         let rows = gemv_rows(m, n, fusion.gated());
         let integer = integer_rows(format, m, rows, fusion.gated(), n, k);
-        let x_blocks = integer_gemv(ctx, int8, format, m, k, integer);
+        let lora_bytes = match fusion.project {
+            true => m * low_rank_rank(fusion, inputs) * 4,
+            false => 0,
+        };
+        let x_blocks = integer_gemv(ctx, int8, format, m, k, integer, lora_bytes);
         let rows = if x_blocks.is_some() { integer } else { rows };
         let oc = output_columns(rows, fusion);
         let lanes = match x_blocks {
@@ -298,14 +302,8 @@ pub(crate) fn qmatmul(
             rows,
             lanes,
             fusion,
-            low_rank: match fusion.low_rank {
-                true => inputs[inputs.len() - 2]
-                    .shape()
-                    .last()
-                    .copied()
-                    .unwrap_or(0),
-                false => 0,
-            },
+            low_rank: low_rank_rank(fusion, inputs),
+            project: fusion.project,
             residual: x.dtype(),
             x_blocks,
             depth,
@@ -376,6 +374,32 @@ pub(crate) fn qmatmul(
     })
 }
 
+/// The rank of `fusion`'s low-rank update, 0 without one: the last
+/// dimension of u, or with `project` the rows of a (the second-to-last
+/// input either way).
+fn low_rank_rank(fusion: QFusion, inputs: &[&Tensor]) -> usize {
+    if !fusion.low_rank {
+        return 0;
+    }
+    let t = inputs[inputs.len() - 2];
+    match fusion.project {
+        true => t.shape().first().copied().unwrap_or(0),
+        false => t.shape().last().copied().unwrap_or(0),
+    }
+}
+
+/// Elements of u (rows of x in a chunk times the rank) up to which the
+/// GEMV kernels compute a low-rank update's u themselves (`LORA_IN`): 4 KiB
+/// of workgroup memory.
+pub(crate) const LORA_IN_MAX: usize = 1024;
+
+/// Whether a fused product of `m` rows of x with `fusion` on `inputs`
+/// (as `Op::QMatmul`'s, then the fusions') can compute its low-rank
+/// update's u in the GEMV kernel: always without `project`.
+pub(crate) fn projects_in_kernel(fusion: QFusion, inputs: &[&Tensor], m: usize) -> bool {
+    !fusion.project || gemv_chunks(m).1 * low_rank_rank(fusion, inputs) <= LORA_IN_MAX
+}
+
 /// The GEMV kernel's specialization: rows of x, lanes per weight row,
 /// fusions and the residual's dtype.
 #[derive(Clone, Copy)]
@@ -386,6 +410,8 @@ struct Gemv {
     fusion: QFusion,
     /// The rank of the low-rank update (`LORA`), 0 without one.
     low_rank: usize,
+    /// The kernel computes the update's u itself (`LORA_IN`).
+    project: bool,
     residual: DType,
     /// qgemv_i8's blocks of x in workgroup memory (`XB`).
     x_blocks: Option<usize>,
@@ -524,6 +550,7 @@ const I8_BLOCK_BYTES: usize = 32 + 8;
 /// [`I8_ROWS_BUFFERS`] that holds every row's blocks, or else the largest
 /// that fits and holds a slice of [`I8_LANES`] units of each row (x is
 /// then rounded a slice at a time).
+#[allow(clippy::too_many_arguments)]
 fn integer_gemv(
     ctx: &Context,
     int8: bool,
@@ -531,12 +558,13 @@ fn integer_gemv(
     m: usize,
     k: usize,
     rows: usize,
+    lora_bytes: usize,
 ) -> Option<usize> {
     if !int8 || m > GEMV_MAX_M || !integer_format(format) {
         return None;
     }
     let blocks = k / 32;
-    let fixed = integer_fixed_bytes(m, rows);
+    let fixed = integer_fixed_bytes(m, rows) + lora_bytes;
     let fits = |xb: usize| fixed + xb * I8_BLOCK_BYTES <= ctx.workgroup_memory() as usize;
     if m == 1 {
         let xb = if blocks <= 128 { 128 } else { 512 };
@@ -565,7 +593,7 @@ fn constants(
     gemv: Option<Gemv>,
 ) -> Vec<(&'static str, f64)> {
     // room for every constant, so that a dispatch allocates once
-    let mut c = Vec::with_capacity(14);
+    let mut c = Vec::with_capacity(16);
     c.extend([
         ("FMT", format.gpu_code() as f64),
         ("IN_DT", input.gpu_code() as f64),
@@ -586,6 +614,9 @@ fn constants(
             ("RES_DT", g.residual.gpu_code() as f64),
             ("LORA", g.low_rank as f64),
         ]);
+        if g.project {
+            c.extend([("LORA_IN", 1.0), ("LORA_U", (g.m * g.low_rank) as f64)]);
+        }
         if let Some(xb) = g.x_blocks {
             c.extend([("XB", xb as f64), ("DEPTH", g.depth as f64)]);
         }
@@ -624,6 +655,7 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
                         lanes,
                         fusion,
                         low_rank: if fusion.low_rank { 16 } else { 0 },
+                        project: fusion.project,
                         residual: dt,
                         x_blocks: None,
                         depth: 1,
@@ -640,6 +672,7 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
                             lanes: I8_LANES,
                             fusion,
                             low_rank: if fusion.low_rank { 16 } else { 0 },
+                            project: fusion.project,
                             residual: dt,
                             x_blocks: Some(xb),
                             depth,
@@ -717,12 +750,17 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
                     geglu: true,
                     ..QFusion::NONE
                 };
-                let fusions = bits.clone().map(|bits| QFusion {
+                // (bit 16: the low-rank update's u computed in the kernel)
+                let all = bits
+                    .clone()
+                    .chain(bits.clone().filter(|b| b & 8 != 0).map(|b| b | 16));
+                let fusions = all.map(|bits| QFusion {
                     rms_norm: (bits & 1 != 0).then_some(1e-5),
                     swiglu: bits & 2 != 0,
                     geglu: false,
                     residual: bits & 4 != 0,
                     low_rank: bits & 8 != 0,
+                    project: bits & 16 != 0,
                 });
                 let fusions = fusions.chain((!bits.is_empty()).then_some(geglu));
                 for fusion in fusions {

@@ -8,7 +8,10 @@
 //   by g as it loads it and the sums by 1 / rms at the end.
 // - LORA (a rank): u [M, LORA] (f32) @ b [LORA, rows of w] (x's dtype) is
 //   added to the product, before the SwiGLU: a low-rank update whose
-//   first half (u) an earlier kernel computed.
+//   first half (u) an earlier kernel computed, or with LORA_IN this one:
+//   src_lu then holds a [LORA, K] (x's dtype, the norm's weight folded
+//   in) and every workgroup computes x @ aᵀ for its rows itself (a few
+//   thousand products, from cache), which saves a dependent dispatch.
 // - SWIGLU: w holds gate [N, K] then up [N, K]; a lane set takes R / 2
 //   columns of each and writes silu(gate) * up, or with GELU
 //   gelu_tanh(gate) * up (GeGLU).
@@ -27,7 +30,7 @@
 // the blocks again, 16 bytes an element: whole aligned runs of them in one
 // load each (qgemv_i8.wgsl's K formats)
 @group(0) @binding(5) var<storage, read> src_w4: array<vec4<u32>>;
-@group(0) @binding(6) var<storage, read> src_lu: array<f32>;
+@group(0) @binding(6) var<storage, read> src_lu: array<u32>;
 @group(0) @binding(7) var<storage, read> src_lb: array<u32>;
 @group(0) @binding(8) var<storage, read_write> dst: array<u32>;
 
@@ -40,6 +43,9 @@ override SWIGLU: bool = false;
 override GELU: bool = false;
 override RESIDUAL: bool = false;
 override LORA: u32 = 0u;
+override LORA_IN: bool = false;
+// lora_u's length, M * LORA with LORA_IN (a named override, as PARTIAL)
+override LORA_U: u32 = 1u;
 // Output columns per lane set: R, or R / 2 with SWIGLU.
 override OC: u32 = 1u;
 // dtype code of the residual (the norm weight has x's dtype)
@@ -69,6 +75,8 @@ fn x_row(r: u32) -> u32 {
     return min(row0 + r, p.m - 1u);
 }
 var<workgroup> inv_rms: array<f32, 8>;
+// With LORA_IN: u [M, LORA] of the chunk's rows, before the norm's 1 / rms.
+var<workgroup> lora_u: array<f32, LORA_U>;
 
 // Sums of squares of x's rows (for NORM), one a row; a thread's own.
 alias RowSums = array<f32, 8>;
@@ -123,9 +131,64 @@ fn weight_row(col0: u32, c: u32) -> u32 {
     return row;
 }
 
+// Elements e..e+3 of a (e a multiple of 4; a starts at element 0, and its
+// rows of K at a multiple of 8 elements).
+fn lu4(e: u32) -> vec4<f32> {
+    if IN_DT == 0u {
+        return vec4<f32>(bitcast<f32>(src_lu[e]), bitcast<f32>(src_lu[e + 1u]), bitcast<f32>(src_lu[e + 2u]), bitcast<f32>(src_lu[e + 3u]));
+    }
+    let a = src_lu[e >> 1u];
+    let b = src_lu[(e >> 1u) + 1u];
+    if IN_DT == 1u {
+        return vec4<f32>(unpack2x16float(a), unpack2x16float(b));
+    }
+    return vec4<f32>(bitcast<f32>(a << 16u), bitcast<f32>(a & 0xffff0000u), bitcast<f32>(b << 16u), bitcast<f32>(b & 0xffff0000u));
+}
+
+// With LORA_IN: lora_u = x @ aᵀ for the chunk's M rows, each of the
+// M * LORA sums taken by T threads (the largest power of two up to 64
+// with T sums in a round of the workgroup) and joined by a tree in
+// `partial`. Called by every thread; `partial` is free when it starts.
+fn project_low_rank(lid: u32) {
+    let outs = M * LORA;
+    var t = 64u;
+    while t > 1u && t * outs > WG {
+        t >>= 1u;
+    }
+    let per_round = WG / t;
+    let sub = lid % t;
+    workgroupBarrier();
+    for (var o0 = 0u; o0 < outs; o0 += per_round) {
+        let o = o0 + lid / t;
+        var s = 0.0;
+        if o < outs {
+            // (LORA is 0 in the kernels that never call this)
+            let rank = max(LORA, 1u);
+            let xr = p.off_x + x_row(o / rank) * p.k;
+            let ar = (o % rank) * p.k;
+            for (var e = sub * 4u; e < p.k; e += 4u * t) {
+                s += dot(x4(xr + e), lu4(ar + e));
+            }
+        }
+        partial[lid] = s;
+        workgroupBarrier();
+        for (var h = t / 2u; h > 0u; h >>= 1u) {
+            if sub < h {
+                partial[lid] += partial[lid + h];
+            }
+            workgroupBarrier();
+        }
+        if sub == 0u && o < outs {
+            lora_u[o] = partial[lid];
+        }
+        workgroupBarrier();
+    }
+}
+
 // Adds the low-rank update to the accumulators of the lane set whose
 // first output column is col0, the ranks split across its lanes (so that
-// the lane sum joins them), divided by the 1 / rms that result() applies.
+// the lane sum joins them); u from an earlier kernel is divided by the
+// 1 / rms that result() applies.
 fn add_low_rank(lane: u32, col0: u32, acc: ptr<function, Accs>) {
     let rows = select(p.n, 2u * p.n, SWIGLU);
     for (var c = 0u; c < R; c++) {
@@ -134,9 +197,17 @@ fn add_low_rank(lane: u32, col0: u32, acc: ptr<function, Accs>) {
             var s = 0.0;
             for (var q = lane; q < LORA; q += LANES) {
                 let i = q * rows + row;
-                s += src_lu[x_row(r) * LORA + q] * decode(src_lb[word_index(i, IN_DT)], i, IN_DT);
+                var u: f32;
+                if LORA_IN {
+                    u = lora_u[r * LORA + q];
+                } else {
+                    u = bitcast<f32>(src_lu[x_row(r) * LORA + q]);
+                }
+                s += u * decode(src_lb[word_index(i, IN_DT)], i, IN_DT);
             }
-            if NORM {
+            // u from an earlier kernel is of the normed x: result()
+            // scales the whole by 1 / rms again
+            if NORM && !LORA_IN {
                 s /= inv_rms[r];
             }
             (*acc)[c * M + r] += s;
@@ -202,7 +273,9 @@ fn with_residual(v: f32, e: u32, r: u32, early: array<u32, 9>, j: u32) -> f32 {
 fn finish(lid: u32, lane: u32, col0: u32, acc_in: Accs, early: array<u32, 9>) {
     var acc = acc_in;
     if LORA > 0u {
-        if NORM {
+        if LORA_IN {
+            project_low_rank(lid);
+        } else if NORM {
             // qgemv_i8 publishes inv_rms only at the lane sums' barrier
             workgroupBarrier();
         }
