@@ -314,10 +314,11 @@ pub struct QFuse<'a> {
     /// `self.project_low_rank(a, eps) @ b`, `eps` the `rms_norm`'s where
     /// it is set (its weight folded into `a`, as for
     /// [`Tensor::project_low_rank`]), `a [r, k]` and `b [r, rows of w]` in
-    /// `self`'s dtype. On a GPU, where the GEMV kernels take the product,
-    /// each workgroup computes u for its rows, which saves a dispatch per
-    /// product; elsewhere it is `project_low_rank` and then the product.
-    /// Not with `low_rank`.
+    /// `self`'s dtype. On a GPU, where the GEMV kernels take the product
+    /// and `a` is small (rank times K up to 32,768), each workgroup
+    /// computes u for its rows, which saves a dispatch per product;
+    /// elsewhere it is `project_low_rank` and then the product. Not with
+    /// `low_rank`.
     pub low_rank_a: Option<(&'a Tensor, &'a Tensor)>,
 }
 
@@ -400,6 +401,21 @@ impl Tensor {
     /// # Ok::<(), silica::Error>(())
     /// ```
     pub fn matmul_q_fused(&self, w: &QTensor, fuse: QFuse<'_>) -> Result<Tensor> {
+        if let (Some((a, b)), None) = (fuse.low_rank_a, fuse.low_rank) {
+            let k = self.shape().last().copied().unwrap_or(0);
+            let rows = self.numel() / k.max(1);
+            let r = a.shape().first().copied().unwrap_or(0);
+            if r * k > LORA_IN_WORK || rows.min(8) * r > crate::backend::gpu::qmatmul::LORA_IN_MAX {
+                // too much for every workgroup to project again: u first
+                let u = self.project_low_rank(a, fuse.rms_norm.map(|n| n.1))?;
+                let fuse = QFuse {
+                    low_rank: Some((&u, b)),
+                    low_rank_a: None,
+                    ..fuse
+                };
+                return self.matmul_q_fused(w, fuse);
+            }
+        }
         let plain = fuse.rms_norm.is_none()
             && !fuse.swiglu
             && !fuse.geglu
@@ -572,6 +588,14 @@ impl Tensor {
         crate::custom::apply(&fused, &refs)
     }
 }
+
+/// Multiply-adds of `x·aᵀ` per row of x (rank times K) up to which
+/// [`QFuse::low_rank_a`] is computed by each workgroup of the product:
+/// SmolLM2's products (K of 576 and 1,536 at rank 16) and a 1B model's of
+/// K = 2,048, not its down product (8,192), where every workgroup reading
+/// all of `a` costs more than the dispatch it saves (docs/tuning.md,
+/// "LoRA's u in the GEMV").
+const LORA_IN_WORK: usize = 1 << 15;
 
 /// `t` if it is contiguous from a multiple of 8 elements (the quantized
 /// kernels read rows as whole vec4 words, 8 elements covering f32 and the
