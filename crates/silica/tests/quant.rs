@@ -685,6 +685,45 @@ fn fused_products_match_their_definition() {
         x.matmul_q_fused(&w, add),
         Err(Error::InvalidArgument { .. })
     ));
+    // a low-rank update computed by the product: a of another K, b of
+    // other rows, u and a both given; and a good one, which is the update
+    // through u from project_low_rank
+    let a = Tensor::randn(&[2, 64], DType::F32, 9, &cpu).unwrap();
+    let b = Tensor::randn(&[2, 5], DType::F32, 10, &cpu).unwrap();
+    let short_a = Tensor::zeros(&[2, 32], DType::F32, &cpu).unwrap();
+    let narrow_b = Tensor::zeros(&[2, 3], DType::F32, &cpu).unwrap();
+    let u = x.project_low_rank(&a, None).unwrap();
+    for (la, lb, with_u) in [
+        (&short_a, &b, false),
+        (&a, &narrow_b, false),
+        (&a, &b, true),
+    ] {
+        let fuse = QFuse {
+            low_rank: with_u.then_some((&u, &b)),
+            low_rank_a: Some((la, lb)),
+            ..QFuse::default()
+        };
+        assert!(matches!(
+            x.matmul_q_fused(&w, fuse),
+            Err(Error::InvalidArgument { .. })
+        ));
+    }
+    let x = Tensor::randn(&[3, 64], DType::F32, 11, &cpu).unwrap();
+    let g = Tensor::randn(&[64], DType::F32, 12, &cpu).unwrap();
+    let inside = QFuse {
+        rms_norm: Some((&g, 1e-5)),
+        low_rank_a: Some((&a, &b)),
+        ..QFuse::default()
+    };
+    let u = x.project_low_rank(&a, Some(1e-5)).unwrap();
+    let outside = QFuse {
+        rms_norm: Some((&g, 1e-5)),
+        low_rank: Some((&u, &b)),
+        ..QFuse::default()
+    };
+    let got: Vec<f32> = x.matmul_q_fused(&w, inside).unwrap().to_vec().unwrap();
+    let want: Vec<f32> = x.matmul_q_fused(&w, outside).unwrap().to_vec().unwrap();
+    assert!(rel_err(&got, &want) < 1e-6, "{got:?} against {want:?}");
 }
 
 /// `rope_heads` rotates the first heads as `rope` does and copies the rest.
