@@ -521,16 +521,8 @@ impl Tensor {
                     ),
                 });
             }
-            // the kernel reads both whole from their first element
-            let own = |t: &'_ Tensor| -> Result<Tensor> {
-                if t.is_contiguous() && t.layout().offset() == 0 {
-                    Ok(t.clone())
-                } else {
-                    t.copy()
-                }
-            };
-            inputs.push(Cow::Owned(own(u)?));
-            inputs.push(Cow::Owned(own(b)?));
+            inputs.push(from_start(u)?);
+            inputs.push(from_start(b)?);
         }
         if let Some((a, b)) = fuse.low_rank_a {
             self.same_device(a, op)?;
@@ -557,16 +549,8 @@ impl Tensor {
                     ),
                 });
             }
-            // read whole from their first element, a's rows at whole words
-            let own = |t: &'_ Tensor| -> Result<Tensor> {
-                if t.is_contiguous() && t.layout().offset() == 0 {
-                    Ok(t.clone())
-                } else {
-                    t.copy()
-                }
-            };
-            inputs.push(Cow::Owned(own(a)?));
-            inputs.push(Cow::Owned(own(b)?));
+            inputs.push(from_start(a)?);
+            inputs.push(from_start(b)?);
         }
         let refs: Vec<&Tensor> = inputs.iter().map(|t| t.as_ref()).collect();
         if plain {
@@ -596,6 +580,17 @@ impl Tensor {
 /// all of `a` costs more than the dispatch it saves (docs/tuning.md,
 /// "LoRA's u in the GEMV").
 const LORA_IN_WORK: usize = 1 << 15;
+
+/// `t` if it is contiguous from its buffer's first element, a copy
+/// otherwise: the low-rank operands, which the GEMV kernels read whole
+/// from element 0 (a's rows then start at whole words).
+fn from_start(t: &Tensor) -> Result<Cow<'_, Tensor>> {
+    if t.is_contiguous() && t.layout().offset() == 0 {
+        Ok(Cow::Borrowed(t))
+    } else {
+        Ok(Cow::Owned(t.copy()?))
+    }
+}
 
 /// `t` if it is contiguous from a multiple of 8 elements (the quantized
 /// kernels read rows as whole vec4 words, 8 elements covering f32 and the
