@@ -3,8 +3,11 @@
 //! GPU pipelines the prefill needs, so it is the slowest.
 //!
 //! ```sh
-//! cargo run --release -p silica-cli --example prefill_profile -- MODEL.gguf PROMPT.txt [f32|f16|bf16]
+//! cargo run --release -p silica-cli --example prefill_profile -- MODEL.gguf PROMPT.txt [f32|f16|bf16] [TOKENS]
 //! ```
+//!
+//! TOKENS: the prompt's tokens repeated or cut to exactly that many (as
+//! llama-bench's `-p N`).
 
 use silica::{DType, Device};
 use silica_models::gguf::GgufFile;
@@ -15,7 +18,7 @@ use silica_models::tokenizer::Tokenizer;
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     if args.len() < 3 {
-        return Err("usage: prefill_profile MODEL.gguf PROMPT.txt [f32|f16|bf16]".into());
+        return Err("usage: prefill_profile MODEL.gguf PROMPT.txt [f32|f16|bf16] [TOKENS]".into());
     }
     let dtype = match args.get(3).map(String::as_str) {
         None | Some("f16") => DType::F16,
@@ -26,7 +29,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let device = Device::best()?;
     let gguf = GgufFile::open(std::path::Path::new(&args[1]))?;
     let tokenizer = Tokenizer::from_gguf(&gguf)?;
-    let ids = tokenizer.encode(&std::fs::read_to_string(&args[2])?, true)?;
+    let mut ids = tokenizer.encode(&std::fs::read_to_string(&args[2])?, true)?;
+    if let Some(n) = args.get(4) {
+        let n: usize = n.parse()?;
+        if ids.is_empty() {
+            return Err("the prompt has no tokens".into());
+        }
+        ids = ids.iter().copied().cycle().take(n).collect();
+    }
     let opts = LoadOptions {
         dtype,
         dequantize: false,

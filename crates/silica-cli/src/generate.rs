@@ -260,6 +260,13 @@ pub fn run(args: &GenerateArgs) -> Result<(), CliError> {
     }
     let device = crate::open_device(args.device.as_deref())?;
     let path = resolve::resolve_decoder(args.model.as_deref())?;
+    // the kernels an earlier run of this model used are built while it loads
+    device.build_kernels_ahead(&crate::kernel_tag(
+        "generate",
+        &path,
+        dtype,
+        args.dequantize,
+    ));
     let load_start = Instant::now();
     let gguf = GgufFile::open(&path)?;
     let config = LlamaConfig::from_gguf(&gguf)?;

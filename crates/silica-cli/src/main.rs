@@ -190,6 +190,33 @@ pub fn read_text_file(path: &std::path::Path) -> Result<String, CliError> {
     })
 }
 
+/// The tag under which a tool lists the kernels a model used
+/// (`Device::build_kernels_ahead`): the tool, the model file (its
+/// absolute path, size and modification time), the dtype and whether the
+/// weights are dequantized.
+pub fn kernel_tag(
+    tool: &str,
+    model: &std::path::Path,
+    dtype: silica::DType,
+    dequantize: bool,
+) -> String {
+    let file = std::fs::canonicalize(model).unwrap_or_else(|_| model.to_path_buf());
+    let stamp = std::fs::metadata(&file)
+        .map(|m| {
+            let modified = m
+                .modified()
+                .ok()
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map_or(0, |d| d.as_secs());
+            format!("{} {modified}", m.len())
+        })
+        .unwrap_or_default();
+    format!(
+        "{tool} {} {stamp} {dtype:?} dequantize={dequantize}",
+        file.display()
+    )
+}
+
 /// The device `--device SEL` names, else the one `SILICA_DEVICE` names (its
 /// errors say so), else the best GPU, else the CPU.
 pub fn open_device(selector: Option<&str>) -> Result<silica::Device, CliError> {

@@ -137,3 +137,84 @@ fn pipeline_cache_is_saved_and_a_corrupt_one_is_ignored() {
     assert!(text(&out.stderr).contains("not a silica pipeline cache"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A GPU `generate` lists the kernels it used beside the pipeline cache;
+/// the next run of the same model queues them to build while it loads. A
+/// list that is not silica's is a warning, and is written anew.
+#[test]
+fn generate_lists_its_kernels_and_the_next_run_builds_them_ahead() {
+    let dir = std::env::temp_dir().join(format!("silica-cli-kl-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let model = dir.join("tiny.gguf");
+    let out = Command::new(env!("CARGO_BIN_EXE_silica"))
+        .args(["quantize", "--synthetic", "tiny-llama3", "--type", "q8_0"])
+        .arg(&model)
+        .output()
+        .expect("the silica binary runs");
+    assert!(out.status.success(), "{out:?}");
+    let run = || {
+        Command::new(env!("CARGO_BIN_EXE_silica"))
+            .args(["generate", "--device", "gpu", "--max-tokens", "3"])
+            .args(["--temperature", "0", "--model"])
+            .arg(&model)
+            .arg("hello there")
+            .env("SILICA_CACHE", dir.join("cache"))
+            .env("RUST_LOG", "warn,silica::pipelines=debug")
+            .env_remove("SILICA_DEVICE")
+            .env_remove("SILICA_NO_PIPELINE_CACHE")
+            .output()
+            .expect("the silica binary runs")
+    };
+    let out = run();
+    if !out.status.success() {
+        assert!(
+            std::env::var("SILICA_REQUIRE_GPU").as_deref() != Ok("1"),
+            "SILICA_REQUIRE_GPU=1 but the GPU run failed: {out:?}"
+        );
+        return; // no GPU here
+    }
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("kernels to build ahead"), "{stderr}");
+    assert!(
+        stderr.contains("kernels=0"),
+        "nothing listed yet:\n{stderr}"
+    );
+    let lists: Vec<_> = std::fs::read_dir(dir.join("cache/pipelines"))
+        .expect("the pipeline folder exists")
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("kernels-")
+        })
+        .collect();
+    assert_eq!(lists.len(), 1, "{lists:?}");
+    let list = std::fs::read_to_string(&lists[0]).unwrap();
+    let kernels = list.lines().count() - 2;
+    assert!(kernels > 5, "{list}");
+    assert!(list.lines().any(|l| l.starts_with("qgemv")), "{list}");
+
+    // the second run queues every kernel of the list
+    let out = run();
+    assert!(out.status.success(), "{out:?}");
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains(&format!("kernels={kernels}")),
+        "{kernels} kernels expected:\n{stderr}"
+    );
+
+    // a file of another program
+    std::fs::write(&lists[0], "not a list\n").unwrap();
+    let out = run();
+    assert!(out.status.success(), "{out:?}");
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("not a silica kernel list"), "{stderr}");
+    assert!(
+        std::fs::read_to_string(&lists[0])
+            .unwrap()
+            .starts_with("silica kernels 1")
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -478,6 +478,31 @@ impl Device {
         }
     }
 
+    /// Starts building, on a thread of its own, the kernels that an earlier
+    /// process used on this device under the same `tag` (say a model file
+    /// and its dtype), so that they are ready when this process needs them:
+    /// call it before loading the model, whose load then hides the builds.
+    /// From now on the kernels this process uses are listed under `tag`
+    /// when the pipeline cache is saved ([`save_pipeline_caches`]). The
+    /// lists live beside the pipeline cache and follow its switch
+    /// (`SILICA_NO_PIPELINE_CACHE=1`); a list written by another adapter,
+    /// driver or silica version is ignored with a warning. Nothing happens
+    /// on the CPU.
+    pub fn build_kernels_ahead(&self, tag: &str) {
+        if let Device::Gpu(g) = self {
+            g.build_kernels_ahead(tag);
+        }
+    }
+
+    /// Waits until the kernels of [`Device::build_kernels_ahead`] are
+    /// built (a server calls it before it says it is ready, so that no
+    /// build competes with the requests).
+    pub fn wait_kernels_ahead(&self) {
+        if let Device::Gpu(g) = self {
+            g.wait_kernels_ahead();
+        }
+    }
+
     /// Saves this device's compiled pipelines for the next process (see
     /// [`GpuDevice::save_pipeline_cache`]); nothing on the CPU.
     pub fn save_pipeline_cache(&self) -> Option<std::path::PathBuf> {

@@ -106,6 +106,8 @@ impl Engine {
                 "silica serve: building the kernels ahead failed ({e}); steps build them as they come"
             );
         }
+        // and those an earlier server listed (Device::build_kernels_ahead)
+        model.device().wait_kernels_ahead();
         let (tx, rx) = mpsc::channel();
         let queued = Arc::new(AtomicUsize::new(0));
         let active = Arc::new(AtomicUsize::new(0));

@@ -250,6 +250,9 @@ fn load(
 ) -> Result<Loaded, CliError> {
     let device = crate::open_device(device.as_deref())?;
     let path = resolve::resolve_decoder(model.as_deref())?;
+    // the kernels an earlier server of this model used are built while it
+    // loads (the engine waits for them before the server is ready)
+    device.build_kernels_ahead(&crate::kernel_tag("serve", &path, dtype, false));
     let gguf = GgufFile::open(&path)?;
     let tokenizer = Arc::new(Tokenizer::from_gguf(&gguf)?);
     let template = ModelTemplate::from_gguf(&gguf)?;

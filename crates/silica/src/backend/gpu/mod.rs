@@ -176,6 +176,30 @@ impl GpuDevice {
         self.ctx.pipeline_builds()
     }
 
+    /// See [`crate::Device::build_kernels_ahead`].
+    pub fn build_kernels_ahead(self: &Arc<Self>, tag: &str) {
+        let kernels: Vec<&'static Kernel> = every_kernel()
+            .into_iter()
+            .filter(|k| self.ctx.features().runs(k.needs))
+            .collect();
+        if !self.ctx.queue_ahead(tag, &kernels) {
+            return;
+        }
+        let dev = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name("silica-ahead".into())
+            .spawn(move || dev.ctx.build_ahead());
+        if let Err(e) = spawned {
+            tracing::debug!("no thread to build kernels ahead: {e}");
+            self.ctx.abandon_ahead();
+        }
+    }
+
+    /// See [`crate::Device::wait_kernels_ahead`].
+    pub fn wait_kernels_ahead(&self) {
+        self.ctx.wait_ahead();
+    }
+
     /// See [`crate::Device::build_kernels_only`].
     pub fn build_kernels_only<R>(&self, f: impl FnOnce() -> R) -> R {
         runtime::kernels_only(f)

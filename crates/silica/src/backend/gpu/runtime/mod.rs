@@ -5,6 +5,7 @@
 //! profiling (`profiling`). [`Context`] ties them to one wgpu device, with
 //! its device-lost and error state.
 
+mod ahead;
 mod disk_cache;
 mod features;
 mod pipelines;
@@ -30,7 +31,7 @@ pub(crate) use submission::kernels_only;
 pub(crate) use transfers::PendingBytes;
 
 use disk_cache::DiskCache;
-use pipelines::{LayoutKey, ModuleMap, PipelineKey};
+use pipelines::{Built, LayoutKey, ModuleMap, PipelineKey};
 use profiling::{ProfileMap, Timing};
 use submission::{Pending, building_only};
 
@@ -55,7 +56,13 @@ pub(crate) struct Context {
     /// Shader modules by kernel and immediates; shared with the thread that
     /// parses them at device open (see [`Context::parse_in_background`]).
     modules: Arc<Mutex<ModuleMap>>,
-    pipelines: Mutex<HashMap<PipelineKey, wgpu::ComputePipeline>>,
+    pipelines: Mutex<HashMap<PipelineKey, Built>>,
+    /// Kernels a previous process used, built ahead on a thread.
+    ahead: ahead::Ahead,
+    /// The adapter, its driver and silica's version (disk_cache::cache_key).
+    adapter_key: String,
+    /// Where kernel lists are kept: `None` with the pipeline cache off.
+    lists_dir: Option<std::path::PathBuf>,
     /// The driver's compiled pipelines, saved between processes.
     disk_cache: Option<DiskCache>,
     /// Pipelines built so far, and the nanoseconds spent building them
@@ -156,11 +163,12 @@ impl Context {
                 .min(limits.max_buffer_size),
             features.mapped_buffers,
         ));
-        let disk_cache = if opts.pipeline_cache {
-            let dir = crate::config::cache_dir().join("pipelines");
-            DiskCache::open(&device, &adapter.get_info(), &dir)
-        } else {
-            None
+        let lists_dir = opts
+            .pipeline_cache
+            .then(|| crate::config::cache_dir().join("pipelines"));
+        let disk_cache = match &lists_dir {
+            Some(dir) => DiskCache::open(&device, &adapter.get_info(), dir),
+            None => None,
         };
         Ok(Self {
             device,
@@ -173,6 +181,9 @@ impl Context {
             workgroup_memory: limits.max_compute_workgroup_storage_size,
             modules: Arc::new(Mutex::new(HashMap::new())),
             pipelines: Mutex::new(HashMap::new()),
+            ahead: Default::default(),
+            adapter_key: disk_cache::cache_key(&adapter.get_info()),
+            lists_dir,
             disk_cache,
             builds: Default::default(),
             layouts: Mutex::new(HashMap::new()),
@@ -197,9 +208,63 @@ impl Context {
         })
     }
 
+    /// Queues the kernels the list of `tag` names (see [`ahead`]) for a
+    /// builder thread, those of `kernels` only; from now on the pipelines
+    /// used are listed under `tag` at each save. True if the caller is to
+    /// start the thread (it runs [`Context::build_ahead`]).
+    pub fn queue_ahead(&self, tag: &str, kernels: &[&'static Kernel]) -> bool {
+        let Some(dir) = &self.lists_dir else {
+            return false;
+        };
+        let path = ahead::list_path(dir, &self.adapter_key, tag);
+        let entries = ahead::read_list(&path, &self.adapter_key, kernels);
+        tracing::debug!(
+            target: "silica::pipelines",
+            path = %path.display(),
+            kernels = entries.len(),
+            "kernels to build ahead"
+        );
+        self.ahead.start(entries, path)
+    }
+
+    /// Drops the kernels queued to build ahead (no thread to build them).
+    pub fn abandon_ahead(&self) {
+        self.ahead.abandon();
+    }
+
+    /// Waits until the kernels queued to build ahead are built.
+    pub fn wait_ahead(&self) {
+        self.ahead.wait();
+    }
+
+    /// Writes the list of the pipelines used, if a tag was given.
+    fn save_kernel_list(&self) {
+        let Some(path) = self.ahead.list() else {
+            return;
+        };
+        use std::sync::atomic::Ordering::Relaxed;
+        let pipelines = lock(&self.pipelines);
+        let mut used: Vec<_> = pipelines
+            .iter()
+            .filter(|(_, b)| b.used.load(Relaxed))
+            .collect();
+        // in the order they were built: a prompt's kernels first
+        used.sort_by_key(|(_, b)| b.order);
+        let used = used
+            .into_iter()
+            .map(|(k, _)| (k.name, &k.constants[..], k.immediates));
+        if let Err(e) = ahead::write_list(&path, &self.adapter_key, used) {
+            tracing::warn!("kernel list {} not saved: {e}", path.display());
+        }
+    }
+
     /// Saves the driver's compiled pipelines if any were built since the
-    /// last save: the file written, or `None`.
+    /// last save, and the list of kernels used where a tag was given (the
+    /// kernels still queued to build ahead are dropped first): the cache
+    /// file written, or `None`.
     pub fn save_pipeline_cache(&self) -> Option<std::path::PathBuf> {
+        self.ahead.stop();
+        self.save_kernel_list();
         let cache = self.disk_cache.as_ref()?;
         match cache.save() {
             Ok(true) => Some(cache.path().to_path_buf()),

@@ -38,9 +38,18 @@ pub(crate) struct Kernel {
 /// are immediates.
 #[derive(PartialEq, Eq)]
 pub(super) struct PipelineKey {
-    name: &'static str,
-    constants: Vec<(&'static str, u64)>,
-    immediates: bool,
+    pub name: &'static str,
+    pub constants: Vec<(&'static str, u64)>,
+    pub immediates: bool,
+}
+
+/// A built pipeline, and whether a dispatch (or a build for one to come)
+/// asked for it: the kernel lists of [`super::ahead`] keep those only.
+pub(super) struct Built {
+    pub pipeline: wgpu::ComputePipeline,
+    pub used: std::sync::atomic::AtomicBool,
+    /// Builds on the device before this one (the lists keep this order).
+    pub order: u64,
 }
 
 /// A [`PipelineKey`] as a dispatch has it, looked up without building one
@@ -64,6 +73,34 @@ pub(super) fn hash_pipeline<H: Hasher>(
         c.hash(state);
     }
     immediates.hash(state);
+}
+
+impl<'a> PipelineQuery<'a> {
+    pub fn new(name: &'static str, constants: &'a [(&'static str, f64)], immediates: bool) -> Self {
+        Self {
+            name,
+            constants,
+            immediates,
+        }
+    }
+
+    /// The key this query finds.
+    pub fn key(&self) -> PipelineKey {
+        PipelineKey {
+            name: self.name,
+            constants: self
+                .constants
+                .iter()
+                .map(|&(k, v)| (k, v.to_bits()))
+                .collect(),
+            immediates: self.immediates,
+        }
+    }
+
+    /// Whether both ask for the same pipeline.
+    pub fn same(&self, other: &PipelineQuery) -> bool {
+        self.equivalent(&other.key())
+    }
 }
 
 impl Hash for PipelineKey {
@@ -277,8 +314,42 @@ impl Context {
             constants,
             immediates,
         };
-        if let Some(p) = lock(&self.pipelines).get(&query) {
-            return Ok(p.clone());
+        if let Some(p) = self.built(&query, true) {
+            return Ok(p);
+        }
+        // a kernel listed to build ahead is taken off the list, or waited
+        // for while the builder thread has it in hand
+        self.ahead.claim(&query);
+        self.build_pipeline(kernel, constants, immediates, true)
+    }
+
+    /// The pipeline of `query` if it is built, marked as used if `use_it`.
+    fn built(&self, query: &PipelineQuery, use_it: bool) -> Option<wgpu::ComputePipeline> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let pipelines = lock(&self.pipelines);
+        let b = pipelines.get(query)?;
+        if use_it && !b.used.load(Relaxed) {
+            b.used.store(true, Relaxed);
+        }
+        Some(b.pipeline.clone())
+    }
+
+    /// Builds the pipeline (unless another thread did meanwhile), marked as
+    /// used if `used`.
+    pub(super) fn build_pipeline(
+        &self,
+        kernel: &Kernel,
+        constants: &[(&'static str, f64)],
+        immediates: bool,
+        used: bool,
+    ) -> Result<wgpu::ComputePipeline> {
+        let query = PipelineQuery {
+            name: kernel.name,
+            constants,
+            immediates,
+        };
+        if let Some(p) = self.built(&query, used) {
+            return Ok(p);
         }
         let key = PipelineKey {
             name: kernel.name,
@@ -319,12 +390,13 @@ impl Context {
         if let Some(c) = &self.disk_cache {
             c.touch();
         }
-        {
+        let order = {
             use std::sync::atomic::Ordering::Relaxed;
-            self.builds.0.fetch_add(1, Relaxed);
+            let order = self.builds.0.fetch_add(1, Relaxed);
             let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
             self.builds.1.fetch_add(nanos, Relaxed);
-        }
+            order
+        };
         tracing::debug!(
             target: "silica::pipelines",
             kernel = kernel.name,
@@ -332,7 +404,15 @@ impl Context {
             total_ms = started.elapsed().as_secs_f64() * 1e3,
             "built a pipeline (module: WGSL parsed and validated, or found; the rest: translation and the driver)"
         );
-        lock(&self.pipelines).insert(key, pipeline.clone());
-        Ok(pipeline)
+        let mut pipelines = lock(&self.pipelines);
+        let b = pipelines.entry(key).or_insert(Built {
+            pipeline,
+            used: std::sync::atomic::AtomicBool::new(used),
+            order,
+        });
+        if used {
+            b.used.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        Ok(b.pipeline.clone())
     }
 }
