@@ -363,6 +363,7 @@ pub fn run(args: &GenerateArgs) -> Result<(), CliError> {
                 // the prefill's work has finished: its logits were read back
                 prefill = Some(PrefillProfile {
                     wall: prompt_start.elapsed(),
+                    recorded: Duration::ZERO,
                     builds: device.pipeline_builds(),
                     kernels: device.profile_report(),
                     peak_memory: device.memory_stats().peak_allocated,
@@ -403,7 +404,8 @@ pub fn run(args: &GenerateArgs) -> Result<(), CliError> {
             stats.stop_reason.to_string()
         }
     );
-    if let Some(p) = &prefill {
+    if let Some(p) = &mut prefill {
+        p.recorded = stats.prefill_record_time;
         print_prefill_timeline(&device, &loaded, p, stats.prompt_tokens);
     }
     if let Some(wall) = decode_wall {
@@ -425,6 +427,8 @@ struct Loaded {
 /// What --profile saw of the prompt, up to the first piece of text.
 struct PrefillProfile {
     wall: Duration,
+    /// Until the prompt's forward pass was recorded.
+    recorded: Duration,
     builds: (u64, Duration),
     kernels: Vec<silica::KernelTime>,
     peak_memory: u64,
@@ -466,6 +470,10 @@ Timeline of the first token on {device}:"
     eprintln!(
         "    the rest            {:>9.1} ms  (recording, uploads, submission, read-back, waiting)",
         (ms(p.wall) - busy * 1e3 - ms(build_time)).max(0.0)
+    );
+    eprintln!(
+        "  the prompt recorded   {:>9.1} ms  after it started (the host's part: kernels found or built, buffers, dispatches)",
+        ms(p.recorded)
     );
     eprintln!(
         "  peak device memory    {:>9.0} MiB during the prompt",

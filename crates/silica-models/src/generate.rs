@@ -15,6 +15,10 @@ pub struct GenerationStats {
     pub prompt_tokens: usize,
     pub generated_tokens: usize,
     pub prefill_time: Duration,
+    /// Of the prefill: until the prompt's forward pass was recorded (on a
+    /// GPU the host's part: kernels found or built, buffers allocated,
+    /// dispatches recorded; the logits are not waited for).
+    pub prefill_record_time: Duration,
     pub decode_time: Duration,
     /// Why it stopped: `eos`, `stop string`, `max tokens` or `context full`.
     pub stop_reason: &'static str,
@@ -120,6 +124,7 @@ pub fn generate(
     let mut pick = std::thread::scope(|s| {
         let builder = build.then(|| s.spawn(|| model.build_decode_kernels(prompt.len())));
         let logits = model.forward(prompt, &mut cache, true)?;
+        stats.prefill_record_time = t0.elapsed();
         let pick = Pick::new(sampler, &logits, &history);
         if let Some(Ok(Err(e))) = builder.map(|b| b.join()) {
             // the first step builds whatever is missing
