@@ -295,6 +295,9 @@ pub fn run(args: &GenerateArgs) -> Result<(), CliError> {
         let refs: Vec<(&LoraAdapter, f32)> = adapters.iter().map(|(a, s)| (a, *s)).collect();
         model.set_adapters(&refs)?;
     }
+    // the load ends when the weights are on the device: their uploads
+    // would otherwise finish inside the first prompt's time
+    device.synchronize()?;
     let model_name = gguf
         .get("general.name")
         .and_then(|v| v.as_str())

@@ -480,8 +480,9 @@ impl Device {
 
     /// Starts building, on a thread of its own, the kernels that an earlier
     /// process used on this device under the same `tag` (say a model file
-    /// and its dtype), so that they are ready when this process needs them:
-    /// call it before loading the model, whose load then hides the builds.
+    /// and its dtype), so that they are ready when this process needs them,
+    /// then makes the process's first read-back (slower than the next
+    /// ones): call it before loading the model, whose load then hides both.
     /// From now on the kernels this process uses are listed under `tag`
     /// when the pipeline cache is saved ([`save_pipeline_caches`]). The
     /// lists live beside the pipeline cache and follow its switch
@@ -494,9 +495,11 @@ impl Device {
         }
     }
 
-    /// Waits until the kernels of [`Device::build_kernels_ahead`] are
-    /// built (a server calls it before it says it is ready, so that no
-    /// build competes with the requests).
+    /// Waits until the thread of [`Device::build_kernels_ahead`] is done:
+    /// the kernels built, and the process's first read-back from the
+    /// device made, which costs about 20 ms more than later ones (a server
+    /// calls it before it says it is ready, so that neither competes with
+    /// the requests).
     pub fn wait_kernels_ahead(&self) {
         if let Device::Gpu(g) = self {
             g.wait_kernels_ahead();

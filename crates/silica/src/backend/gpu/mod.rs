@@ -188,10 +188,27 @@ impl GpuDevice {
         let dev = self.clone();
         let spawned = std::thread::Builder::new()
             .name("silica-ahead".into())
-            .spawn(move || dev.ctx.build_ahead());
+            .spawn(move || {
+                dev.ctx.build_ahead();
+                dev.first_read_back();
+                dev.ctx.finish_ahead();
+            });
         if let Err(e) = spawned {
             tracing::debug!("no thread to build kernels ahead: {e}");
             self.ctx.abandon_ahead();
+        }
+    }
+
+    /// A process's first read-back from the device takes about 20 ms more
+    /// than the next ones (H200: a 4-byte read 19–24 ms, then 0.2–0.5 ms),
+    /// so the thread that builds kernels ahead makes one while the model
+    /// loads, instead of the first prompt (docs/tuning.md, "Kernels built
+    /// ahead").
+    fn first_read_back(self: &Arc<Self>) {
+        let device = crate::Device::Gpu(self.clone());
+        let read = Tensor::zeros(&[4], DType::F32, &device).and_then(|t| t.to_vec::<f32>());
+        if let Err(e) = read {
+            tracing::debug!("the first read-back ahead failed: {e}");
         }
     }
 

@@ -53,7 +53,8 @@ struct AheadState {
     queue: VecDeque<AheadEntry>,
     /// The pipeline the thread is building.
     building: Option<PipelineKey>,
-    /// The thread has entries left or one in hand.
+    /// The thread runs: entries left, one in hand, or its first read-back
+    /// (see `GpuDevice::build_kernels_ahead`).
     running: bool,
     /// The list to write at the next save: the tag's file.
     list: Option<PathBuf>,
@@ -69,8 +70,8 @@ impl Ahead {
             return false;
         }
         s.queue = entries.into();
-        s.running = !s.queue.is_empty();
-        s.running
+        s.running = true;
+        true
     }
 
     /// The file the pipelines used are listed in at the next save.
@@ -92,18 +93,23 @@ impl Ahead {
     }
 
     /// The thread's next entry (marked as being built), or `None` when the
-    /// queue is empty (the thread then ends).
+    /// queue is empty.
     fn next(&self) -> Option<AheadEntry> {
         let mut s = lock(&self.state);
         s.building = None;
         let e = s.queue.pop_front();
-        match &e {
-            Some(e) => s.building = Some(e.query().key()),
-            None => s.running = false,
+        if let Some(e) = &e {
+            s.building = Some(e.query().key());
         }
         drop(s);
         self.changed.notify_all();
         e
+    }
+
+    /// The thread is done.
+    pub fn finish(&self) {
+        lock(&self.state).running = false;
+        self.changed.notify_all();
     }
 
     /// Empties the queue and waits for the pipeline in hand, if any.
@@ -117,14 +123,11 @@ impl Ahead {
 
     /// Drops the queue where no thread could be started to build it.
     pub fn abandon(&self) {
-        let mut s = lock(&self.state);
-        s.queue.clear();
-        s.running = false;
-        drop(s);
-        self.changed.notify_all();
+        lock(&self.state).queue.clear();
+        self.finish();
     }
 
-    /// Waits until the thread has built every queued pipeline.
+    /// Waits until the thread is done.
     pub fn wait(&self) {
         let mut s = lock(&self.state);
         while s.running {

@@ -211,7 +211,8 @@ impl Context {
     /// Queues the kernels the list of `tag` names (see [`ahead`]) for a
     /// builder thread, those of `kernels` only; from now on the pipelines
     /// used are listed under `tag` at each save. True if the caller is to
-    /// start the thread (it runs [`Context::build_ahead`]).
+    /// start the thread (it runs [`Context::build_ahead`], then
+    /// [`Context::finish_ahead`]).
     pub fn queue_ahead(&self, tag: &str, kernels: &[&'static Kernel]) -> bool {
         let Some(dir) = &self.lists_dir else {
             return false;
@@ -232,7 +233,12 @@ impl Context {
         self.ahead.abandon();
     }
 
-    /// Waits until the kernels queued to build ahead are built.
+    /// The builder thread is done.
+    pub fn finish_ahead(&self) {
+        self.ahead.finish();
+    }
+
+    /// Waits until the builder thread is done.
     pub fn wait_ahead(&self) {
         self.ahead.wait();
     }
