@@ -108,6 +108,10 @@ impl Engine {
         }
         // and those an earlier server listed (Device::build_kernels_ahead)
         model.device().wait_kernels_ahead();
+        // and one real step, whose first run on the device costs more
+        if let Err(e) = model.warm_up_pooled(&mut pool) {
+            eprintln!("silica serve: the warm-up step failed ({e}); serving anyway");
+        }
         let (tx, rx) = mpsc::channel();
         let queued = Arc::new(AtomicUsize::new(0));
         let active = Arc::new(AtomicUsize::new(0));

@@ -204,6 +204,25 @@ impl Llama {
         built
     }
 
+    /// Runs one real step of one token in a free slot of `pool` and reads
+    /// its pick back, then frees the slot: a server's first steps on the
+    /// device cost more than the next ones, so it does this before it
+    /// says it is ready. Nothing happens off the GPU or without a free slot.
+    pub fn warm_up_pooled(&self, pool: &mut KvPool) -> Result<()> {
+        if !self.device.is_gpu() {
+            return Ok(());
+        }
+        let Some(slot) = pool.acquire() else {
+            return Ok(());
+        };
+        let step = [PoolStep { slot, ids: &[0] }];
+        let picked = self
+            .forward_pooled(pool, &step)
+            .and_then(|logits| Ok(logits.argmax(-1, false)?.to_vec::<u32>()?));
+        pool.release(slot);
+        picked.map(|_| ())
+    }
+
     /// The steps of [`Llama::build_pooled_kernels`] on the slots `free`.
     fn pooled_shapes(&self, pool: &mut KvPool, free: &[usize], longest: usize) -> Result<()> {
         let Some(&first) = free.first() else {
