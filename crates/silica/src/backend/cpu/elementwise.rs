@@ -78,24 +78,24 @@ fn binary_f32_with(
     let x = &av[la.offset()..la.offset() + n];
     let row = *la.shape().last()?;
     let (bo, strides) = (lb.offset(), lb.strides());
-    // b's elements for one row of `row` elements of a, starting at a's
-    // element e: its own (contiguous) or the repeated row
+    // b's elements for one row of a: its own (b contiguous) or the one
+    // repeated row
     let repeated = strides
         .split_last()
         .is_some_and(|(&last, outer)| (last == 1 || row == 1) && outer.iter().all(|&s| s == 0));
-    let b_at = |e: usize| -> Option<&[f32]> {
-        if lb.is_contiguous() {
-            bv.get(bo + e..bo + e + row)
-        } else if repeated {
-            bv.get(bo..bo + row)
-        } else {
-            None
-        }
+    let contiguous = lb.is_contiguous();
+    let span = match (contiguous, repeated) {
+        (true, _) => n,
+        (false, true) => row,
+        (false, false) => return None,
     };
-    b_at(0)?;
-    if row == 0 || bv.len() < bo + if repeated { row } else { n } {
+    if row == 0 || bv.len() < bo + span {
         return None;
     }
+    let b_row = |e: usize| match contiguous {
+        true => &bv[bo + e..bo + e + row],
+        false => &bv[bo..bo + row],
+    };
     let mut y = vec![0f32; n];
     // whole rows a task (a run of at least 4,096 elements)
     let rows_per_task = 4096usize.div_ceil(row).max(1);
@@ -103,7 +103,7 @@ fn binary_f32_with(
         let e0 = t * rows_per_task * row;
         for (r, yr) in ys.chunks_mut(row).enumerate() {
             let e = e0 + r * row;
-            let (xr, br) = (&x[e..e + yr.len()], b_at(e).unwrap_or(&[]));
+            let (xr, br) = (&x[e..e + yr.len()], b_row(e));
             for ((o, &p), &q) in yr.iter_mut().zip(xr).zip(br) {
                 *o = f(p, q);
             }

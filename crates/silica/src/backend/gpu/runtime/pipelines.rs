@@ -351,11 +351,7 @@ impl Context {
         if let Some(p) = self.built(&query, used) {
             return Ok(p);
         }
-        let key = PipelineKey {
-            name: kernel.name,
-            constants: constants.iter().map(|&(k, v)| (k, v.to_bits())).collect(),
-            immediates,
-        };
+        let key = query.key();
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let started = std::time::Instant::now();
         let module = lock(&self.modules)
