@@ -78,6 +78,37 @@ fn unknown_device_is_a_one_line_error_with_status_2() {
     assert!(!stderr.contains("backtrace"), "{stderr}");
 }
 
+/// The silica binary with `args`, its cache folder `cache`, the pipeline
+/// cache on, the default device, and `RUST_LOG` as given (unset by default).
+fn run_with_cache(
+    args: &[&str],
+    cache: &std::path::Path,
+    log: Option<&str>,
+) -> std::process::Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_silica"));
+    cmd.args(args)
+        .env("SILICA_CACHE", cache)
+        .env_remove("SILICA_DEVICE")
+        .env_remove("SILICA_NO_PIPELINE_CACHE");
+    match log {
+        Some(l) => cmd.env("RUST_LOG", l),
+        None => cmd.env_remove("RUST_LOG"),
+    };
+    cmd.output().expect("the silica binary runs")
+}
+
+/// Whether a GPU run succeeded; a failure is only allowed where no GPU is
+/// required (`SILICA_REQUIRE_GPU` is not 1).
+fn gpu_ran(out: &std::process::Output) -> bool {
+    if !out.status.success() {
+        assert!(
+            std::env::var("SILICA_REQUIRE_GPU").as_deref() != Ok("1"),
+            "SILICA_REQUIRE_GPU=1 but the GPU run failed: {out:?}"
+        );
+    }
+    out.status.success()
+}
+
 /// A GPU run leaves its compiled pipelines under the cache folder (Vulkan),
 /// and the next run reads them; a corrupt file is a warning, never an
 /// error, and is replaced by a valid one.
@@ -85,23 +116,18 @@ fn unknown_device_is_a_one_line_error_with_status_2() {
 fn pipeline_cache_is_saved_and_a_corrupt_one_is_ignored() {
     let dir = std::env::temp_dir().join(format!("silica-cli-pc-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let run = || {
-        Command::new(env!("CARGO_BIN_EXE_silica"))
-            .args(["bench", "--device", "gpu", "--filter", "softmax 1x4096"])
-            .args(["--seconds", "0.01"])
-            .env("SILICA_CACHE", &dir)
-            .env_remove("SILICA_DEVICE")
-            .env_remove("SILICA_NO_PIPELINE_CACHE")
-            .env_remove("RUST_LOG")
-            .output()
-            .expect("the silica binary runs")
-    };
+    let args = [
+        "bench",
+        "--device",
+        "gpu",
+        "--filter",
+        "softmax 1x4096",
+        "--seconds",
+        "0.01",
+    ];
+    let run = || run_with_cache(&args, &dir, None);
     let out = run();
-    if !out.status.success() {
-        assert!(
-            std::env::var("SILICA_REQUIRE_GPU").as_deref() != Ok("1"),
-            "SILICA_REQUIRE_GPU=1 but the GPU run failed: {out:?}"
-        );
+    if !gpu_ran(&out) {
         return; // no GPU here
     }
     if !text(&out.stdout).contains(", vulkan)") {
@@ -153,25 +179,23 @@ fn generate_lists_its_kernels_and_the_next_run_builds_them_ahead() {
         .output()
         .expect("the silica binary runs");
     assert!(out.status.success(), "{out:?}");
-    let run = || {
-        Command::new(env!("CARGO_BIN_EXE_silica"))
-            .args(["generate", "--device", "gpu", "--max-tokens", "3"])
-            .args(["--temperature", "0", "--model"])
-            .arg(&model)
-            .arg("hello there")
-            .env("SILICA_CACHE", dir.join("cache"))
-            .env("RUST_LOG", "warn,silica::pipelines=debug")
-            .env_remove("SILICA_DEVICE")
-            .env_remove("SILICA_NO_PIPELINE_CACHE")
-            .output()
-            .expect("the silica binary runs")
-    };
+    let model_arg = model.to_string_lossy().into_owned();
+    let args = [
+        "generate",
+        "--device",
+        "gpu",
+        "--max-tokens",
+        "3",
+        "--temperature",
+        "0",
+        "--model",
+        &model_arg,
+        "hello there",
+    ];
+    let cache = dir.join("cache");
+    let run = || run_with_cache(&args, &cache, Some("warn,silica::pipelines=debug"));
     let out = run();
-    if !out.status.success() {
-        assert!(
-            std::env::var("SILICA_REQUIRE_GPU").as_deref() != Ok("1"),
-            "SILICA_REQUIRE_GPU=1 but the GPU run failed: {out:?}"
-        );
+    if !gpu_ran(&out) {
         return; // no GPU here
     }
     let stderr = text(&out.stderr);
