@@ -2,7 +2,9 @@
 //! (taken with the 8-bit products, see `crate::cpu_int8_activations`),
 //! whose exact f64 version stays the reference of the GPU kernels.
 //!
-//! One task per query position (all its heads): the scores of the visible
+//! A prompt (16 query positions or more) goes through two `gemm` products
+//! per batch row and head, in blocks of queries. Otherwise, one task per
+//! query position (all its heads): the scores of the visible
 //! keys (a causal query never looks at later keys), their exponentials
 //! through a polynomial that vectorizes, and the weighted sum of the value
 //! rows. The loops are written for the compiler to vectorize, and compiled
@@ -52,6 +54,9 @@ fn attention_on(isa: crate::CpuIsa, x: &Inputs<'_>, scale: f32, causal: bool, y:
     }
     // one task per query position and KV head: the heads that share the
     // KV head read each key and value row once
+    if x.dims[1] >= BLOCK_MIN_TQ {
+        return blocks(isa, x, scale, causal, y);
+    }
     let chunk = h / kvh * d;
     let run = |scores: &mut Vec<f32>, t: usize, o: &mut [f32]| {
         group(isa, x, scale, causal, t / kvh, t % kvh, scores, o);
@@ -70,6 +75,168 @@ fn attention_on(isa: crate::CpuIsa, x: &Inputs<'_>, scale: f32, causal: bool, y:
         for (t, o) in y.chunks_mut(chunk).enumerate() {
             run(&mut scores, t, o);
         }
+    }
+}
+
+/// Query positions from which each (batch row, head) goes through two
+/// matrix products (scores, then the weighted values) instead of one task
+/// per position: a prompt's queries share the packing of their keys.
+const BLOCK_MIN_TQ: usize = 16;
+
+/// Query positions a block of [`blocks`] takes (its scores stay in the
+/// cache); a causal block sees only the keys of its last query.
+const QUERY_BLOCK: usize = 64;
+
+/// A pointer to `y` shared by tasks that write disjoint elements of it.
+#[derive(Clone, Copy)]
+struct Out(*mut f32);
+impl Out {
+    /// The pointer `i` elements on (a method, so that closures capture the
+    /// whole `Out` rather than its raw pointer).
+    ///
+    /// # Safety
+    /// As `pointer::add`.
+    unsafe fn at(self, i: usize) -> *mut f32 {
+        // SAFETY: as the caller's
+        unsafe { self.0.add(i) }
+    }
+}
+
+// SAFETY: the tasks that share it write disjoint elements (see `blocks`)
+unsafe impl Send for Out {}
+// SAFETY: as above
+unsafe impl Sync for Out {}
+
+/// [`attention_on`] for many query positions: per (batch row, head),
+/// `S = scale · Q Kᵀ` and `Y = softmax(S + mask) V` through `gemm`.
+fn blocks(isa: crate::CpuIsa, x: &Inputs<'_>, scale: f32, causal: bool, y: &mut [f32]) {
+    let [b, tq, h, d, tk, kvh] = x.dims;
+    if y.is_empty() {
+        return;
+    }
+    let group = h / kvh;
+    let [sb, sj, sh] = x.kv_strides;
+    assert!(x.q.len() >= b * tq * h * d && y.len() == b * tq * h * d);
+    // the last batch row's last KV head's last key ends inside k and v
+    let end = (b - 1) * sb + (kvh - 1) * sh + tk.saturating_sub(1) * sj + d;
+    assert!(
+        tk == 0 || (end <= x.k.len() && end <= x.v.len()),
+        "attention rows out of bounds"
+    );
+    let out = Out(y.as_mut_ptr());
+    let task = |s: &mut Vec<f32>, t: usize| {
+        let (bi, hi) = (t / h, t % h);
+        let kv = bi * sb + hi / group * sh;
+        let hd = (h * d) as isize;
+        for i0 in (0..tq).step_by(QUERY_BLOCK) {
+            let rows = (tq - i0).min(QUERY_BLOCK);
+            // the keys the block's last query sees (all of them unless causal)
+            let keys = place(x, causal, bi * tq + i0 + rows - 1).2;
+            let first = ((bi * tq + i0) * h + hi) * d;
+            s.clear();
+            s.resize(rows * keys, 0.0);
+            if keys > 0 {
+                // SAFETY: q's rows first + i·h·d (i < rows) hold d values, k's
+                // rows kv + j·sj (j < keys ≤ tk) hold d values (asserted
+                // above), s holds rows·keys
+                unsafe {
+                    gemm::gemm(
+                        rows,
+                        keys,
+                        d,
+                        s.as_mut_ptr(),
+                        1,
+                        keys as isize,
+                        false,
+                        x.q.as_ptr().add(first),
+                        1,
+                        hd,
+                        x.k.as_ptr().add(kv),
+                        sj as isize,
+                        1,
+                        0.0,
+                        scale,
+                        false,
+                        false,
+                        false,
+                        gemm::Parallelism::None,
+                    )
+                };
+            }
+            softmax_rows(isa, x, causal, [bi, hi, i0, keys], s);
+            // SAFETY: as above for v; y's rows first + i·h·d hold d values,
+            // and no other task writes them (each (bi, hi) owns its rows'
+            // head slice)
+            unsafe {
+                gemm::gemm(
+                    rows,
+                    d,
+                    keys,
+                    out.at(first),
+                    1,
+                    hd,
+                    false,
+                    s.as_ptr(),
+                    1,
+                    keys as isize,
+                    x.v.as_ptr().add(kv),
+                    1,
+                    sj as isize,
+                    0.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    gemm::Parallelism::None,
+                )
+            };
+        }
+    };
+    if y.len() * tk >= DECODE_PAR_MIN {
+        (0..b * h)
+            .into_par_iter()
+            .for_each_init(Vec::new, |s, t| task(s, t));
+    } else {
+        let mut s = Vec::new();
+        (0..b * h).for_each(|t| task(&mut s, t));
+    }
+}
+
+/// The rows of `s` [rows, keys] (the scores of head `hi` of batch row
+/// `bi` for queries `i0..`; `at` = [bi, hi, i0, keys]) ← their softmax
+/// after the mask, 0 past a causal query's last key.
+fn softmax_rows(isa: crate::CpuIsa, x: &Inputs<'_>, causal: bool, at: [usize; 4], s: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if isa >= crate::CpuIsa::Avx512 {
+            // SAFETY: cpu_isa is never above what the processor has
+            return unsafe { x86::softmax_rows_avx512(x, causal, at, s) };
+        }
+        if isa >= crate::CpuIsa::Avx2 {
+            // SAFETY: as above
+            return unsafe { x86::softmax_rows_avx2(x, causal, at, s) };
+        }
+    }
+    let _ = isa;
+    softmax_rows_any(x, causal, at, s)
+}
+
+#[inline(always)]
+fn softmax_rows_any(x: &Inputs<'_>, causal: bool, at: [usize; 4], s: &mut [f32]) {
+    let [bi, hi, i0, keys] = at;
+    if keys == 0 {
+        return;
+    }
+    for (r, row) in s.chunks_exact_mut(keys).enumerate() {
+        let i = i0 + r;
+        let visible = place(x, causal, bi * x.dims[1] + i).2;
+        let (live, hidden) = row.split_at_mut(visible);
+        add_mask(x, bi, hi, i, live);
+        let inv = softmax_in_place(live);
+        for p in live.iter_mut() {
+            *p *= inv;
+        }
+        hidden.fill(0.0);
     }
 }
 
@@ -187,6 +354,16 @@ mod x86 {
 
     use super::{Inputs, add_mask, place, softmax_in_place};
     use std::arch::x86_64::*;
+
+    #[target_feature(enable = "avx512f,avx512vl,avx512dq,avx2,fma")]
+    pub(super) fn softmax_rows_avx512(x: &Inputs<'_>, causal: bool, at: [usize; 4], s: &mut [f32]) {
+        super::softmax_rows_any(x, causal, at, s)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) fn softmax_rows_avx2(x: &Inputs<'_>, causal: bool, at: [usize; 4], s: &mut [f32]) {
+        super::softmax_rows_any(x, causal, at, s)
+    }
 
     /// Heads handled together (their accumulators stay in registers).
     const HB: usize = 4;
@@ -651,6 +828,12 @@ mod tests {
             (1, 3, 11, 10, 2, 80),
             (1, 1, 300, 9, 3, 64),
             (1, 2, 9, 2, 1, 256),
+            // prompts: the matrix products of each (batch row, head)
+            (2, 20, 25, 4, 2, 20),
+            (1, 16, 16, 3, 3, 7),
+            (3, 17, 40, 6, 2, 32),
+            // query blocks: a causal block sees the keys up to its last query
+            (1, 150, 170, 2, 1, 16),
         ];
         for (isa, &(b, tq, tk, h, kvh, d)) in crate::cpu_isa_available()
             .into_iter()
