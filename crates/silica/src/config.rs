@@ -28,6 +28,28 @@ pub const MIN_GEMV_ROWS: u32 = 8;
 /// Most rows [`GpuOptions::gemv_rows`] takes.
 pub const MAX_GEMV_ROWS: u32 = 256;
 
+/// Parts of K a quantized product may be split into on the
+/// cooperative-matrix kernel, so that a narrow product (few 128x128 tiles:
+/// a short prompt, a server's step of many sequences) keeps a large GPU's
+/// SMs busy (docs/tuning.md, "Split K").
+pub const DEFAULT_SPLIT_K: u32 = 8;
+
+/// Most parts [`GpuOptions::split_k`] takes.
+pub const MAX_SPLIT_K: u32 = 16;
+
+/// Rows of f16 x from which a quantized product takes the
+/// cooperative-matrix kernel where the adapter has it (and the GEMV kernels
+/// below; docs/tuning.md, "Narrow products on tensor cores").
+pub const DEFAULT_COOP_ROWS: u32 = 16;
+
+/// Fewest rows [`GpuOptions::coop_rows`] takes (up to 8 rows always take
+/// the GEMV kernels).
+pub const MIN_COOP_ROWS: u32 = 9;
+
+/// Most rows [`GpuOptions::coop_rows`] takes: from 64 rows on, the
+/// cooperative-matrix kernel takes every f16 product.
+pub const MAX_COOP_ROWS: u32 = 64;
+
 /// How a GPU device is opened. [`GpuOptions::from_env`] gives the
 /// process's settings (what `Device::gpu` uses); [`Default`] gives every
 /// feature the adapter offers, whatever the environment says.
@@ -58,6 +80,14 @@ pub struct GpuOptions {
     /// Rows of x up to which quantized products may take the GEMV kernels,
     /// [`MIN_GEMV_ROWS`] to [`MAX_GEMV_ROWS`]. `SILICA_GEMV_ROWS=N`.
     pub gemv_rows: u32,
+    /// Most parts of K a quantized product of many rows is split into on
+    /// the cooperative-matrix kernel, 1 (no split) to [`MAX_SPLIT_K`].
+    /// `SILICA_SPLIT_K=N`.
+    pub split_k: u32,
+    /// Rows of f16 x from which quantized products take the
+    /// cooperative-matrix kernel, [`MIN_COOP_ROWS`] to [`MAX_COOP_ROWS`].
+    /// `SILICA_COOP_ROWS=N`.
+    pub coop_rows: u32,
     /// A missing kernel is an error instead of a CPU fallback.
     /// `SILICA_STRICT=1`.
     pub strict: bool,
@@ -81,6 +111,8 @@ impl Default for GpuOptions {
             integer_gemv: None,
             submit_every: DEFAULT_SUBMIT_EVERY,
             gemv_rows: DEFAULT_GEMV_ROWS,
+            split_k: DEFAULT_SPLIT_K,
+            coop_rows: DEFAULT_COOP_ROWS,
             strict: false,
             check: false,
             profile: false,
@@ -117,6 +149,14 @@ impl GpuOptions {
                 .and_then(|v| v.trim().parse::<u32>().ok())
                 .unwrap_or(d.gemv_rows)
                 .clamp(MIN_GEMV_ROWS, MAX_GEMV_ROWS),
+            split_k: get("SILICA_SPLIT_K")
+                .and_then(|v| v.trim().parse::<u32>().ok())
+                .unwrap_or(d.split_k)
+                .clamp(1, MAX_SPLIT_K),
+            coop_rows: get("SILICA_COOP_ROWS")
+                .and_then(|v| v.trim().parse::<u32>().ok())
+                .unwrap_or(d.coop_rows)
+                .clamp(MIN_COOP_ROWS, MAX_COOP_ROWS),
             strict: on("SILICA_STRICT"),
             check: on("SILICA_CHECK"),
             profile: on("SILICA_PROFILE"),
@@ -219,6 +259,8 @@ mod tests {
             ("SILICA_INTEGER_GEMV", "0"),
             ("SILICA_SUBMIT_EVERY", " 32 "),
             ("SILICA_GEMV_ROWS", "16"),
+            ("SILICA_SPLIT_K", "2"),
+            ("SILICA_COOP_ROWS", "32"),
             ("SILICA_STRICT", "1"),
             ("SILICA_CHECK", "on"),
             ("SILICA_PROFILE", "1"),
@@ -232,6 +274,8 @@ mod tests {
             integer_gemv: Some(false),
             submit_every: 32,
             gemv_rows: 16,
+            split_k: 2,
+            coop_rows: 32,
             strict: true,
             check: true,
             profile: true,
@@ -262,5 +306,9 @@ mod tests {
         assert_eq!(rows("0"), MIN_GEMV_ROWS);
         assert_eq!(rows("x"), DEFAULT_GEMV_ROWS);
         assert_eq!(rows("100000"), MAX_GEMV_ROWS);
+        let coop = |v: &str| options(&[("SILICA_COOP_ROWS", v)]).coop_rows;
+        assert_eq!(coop("1"), MIN_COOP_ROWS);
+        assert_eq!(coop(""), DEFAULT_COOP_ROWS);
+        assert_eq!(coop("1000"), MAX_COOP_ROWS);
     }
 }

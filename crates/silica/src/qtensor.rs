@@ -603,15 +603,23 @@ fn aligned_rows(t: &Tensor) -> Result<Cow<'_, Tensor>> {
     }
 }
 
-/// Rows of x from which a quantized product with f16 activations counts as
-/// a prefill: the GPU launcher's threshold for its cooperative-matrix
-/// kernel.
-const PREFILL_ROWS: usize = crate::backend::gpu::qmatmul::COOP_MIN_M;
+/// Whether a quantized product of `m` rows of f16 x with `weight_rows` rows
+/// of `k` values counts as a prefill: where the GPU launcher takes it on
+/// its cooperative-matrix kernel (every product from
+/// [`crate::backend::gpu::qmatmul::COOP_MIN_M`] rows, wide ones from fewer
+/// on an adapter with cooperative matrices).
+fn prefill_product(x: &Tensor, m: usize, weight_rows: usize, k: usize) -> bool {
+    m >= crate::backend::gpu::qmatmul::COOP_MIN_M
+        || match x.device() {
+            crate::Device::Gpu(g) => g.narrow_coop(m, weight_rows, k),
+            crate::Device::Cpu => false,
+        }
+}
 
 /// A fused quantized product (`FusedQMatmul`'s operands) as separate ops:
 /// where no kernel fuses it, and the CPU reference. Like the fused
 /// kernel, it computes in f32 and rounds to the dtype once, at the end;
-/// except a prefill in f16 (`PREFILL_ROWS` rows or more), which runs every
+/// except a prefill in f16 (see `prefill_product`), which runs every
 /// op in f16 as a dense f16 model does, so that a GPU takes the product on
 /// tensor cores (qmatmul_coop.wgsl) and the ops around it move half the
 /// bytes.
@@ -622,19 +630,20 @@ pub(crate) fn qmatmul_composed(
 ) -> Result<Tensor> {
     let dtype = inputs[0].dtype();
     let k = inputs[0].shape().last().copied().unwrap_or(0);
-    let prefill16 = dtype == DType::F16 && inputs[0].numel() / k.max(1) >= PREFILL_ROWS;
+    let w = inputs[1];
+    // the blocks are padded to whole words only: the floor is the row count
+    let rows = (w.numel() * 4) / format.bytes_for(k).max(1);
+    let m = inputs[0].numel() / k.max(1);
+    let prefill16 = dtype == DType::F16 && prefill_product(inputs[0], m, rows, k);
     // the compute dtype
     let ct = if prefill16 { DType::F16 } else { DType::F32 };
     let cast = |t: &Tensor| t.to_dtype(ct);
     let mut x = cast(inputs[0])?;
-    let w = inputs[1];
     let mut next = 2;
     if let Some(eps) = fusion.rms_norm {
         x = x.rms_norm(&cast(inputs[2])?, eps)?;
         next += 1;
     }
-    // the blocks are padded to whole words only: the floor is the row count
-    let rows = (w.numel() * 4) / format.bytes_for(k).max(1);
     let mut shape = x.shape().to_vec();
     let last = shape.len() - 1;
     shape[last] = rows;

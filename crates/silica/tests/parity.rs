@@ -455,7 +455,7 @@ fn forced_matmul(d: &Device, kernel: &'static str, a: &Tensor, b: &Tensor) -> Re
 /// blocks, the same bytes on every device.
 fn qmatmul_cases(cases: &mut Vec<Case>) {
     // (rows of x, n, k)
-    let shapes: [(&[usize], usize, usize); 9] = [
+    let shapes: [(&[usize], usize, usize); 10] = [
         (&[1, 256], 7, 256),
         // over 2,048 columns: 4 weight rows per GEMV lane set, not 2
         (&[1, 256], 2050, 256),
@@ -466,6 +466,9 @@ fn qmatmul_cases(cases: &mut Vec<Case>) {
         (&[70, 512], 67, 512),
         // two tiles of 128 each way (the cooperative-matrix kernel)
         (&[130, 512], 200, 512),
+        // few rows, deep: the cooperative-matrix kernel (where the
+        // adapter has it) splits K in 8
+        (&[24, 2048], 70, 2048),
         // long rows: the GEMV kernel with 64 and 128 threads per row
         (&[1, 8192], 6, 8192),
     ];

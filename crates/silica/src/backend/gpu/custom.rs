@@ -299,7 +299,13 @@ pub(crate) fn fused_qmatmul(
     let n = call.out_shape.last().copied().unwrap_or(0);
     let weight_rows = if fusion.gated() { 2 * n } else { n };
     if !x.dtype().is_float()
-        || !super::qmatmul::takes_gemv(&call.device.ctx, rows, weight_rows)
+        || !super::qmatmul::takes_gemv(
+            &call.device.ctx,
+            rows,
+            weight_rows,
+            k,
+            x.dtype() == DType::F16,
+        )
         || !super::qmatmul::projects_in_kernel(fusion, call.inputs, rows)
     {
         return Ok(false);

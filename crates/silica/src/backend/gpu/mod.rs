@@ -55,6 +55,7 @@ fn every_kernel() -> Vec<&'static Kernel> {
         &elementwise::UNARY,
         &matmul::GEMV,
         &qmatmul::QMATMUL_COOP,
+        &qmatmul::SPLIT_SUM,
         &qmatmul::QMATMUL,
         &nn::FLASH_COOP,
         &nn::ATTENTION_COMBINE,
@@ -133,6 +134,13 @@ impl GpuDevice {
 
     /// What this device runs with: the adapter's features less those its
     /// [`GpuOptions`] turned off.
+    /// Whether a quantized product of `m` rows of f16 x (fewer than 64)
+    /// with `weight_rows` rows of `k` values takes the cooperative-matrix
+    /// kernel on this device (see `qmatmul::narrow_coop`).
+    pub(crate) fn narrow_coop(&self, m: usize, weight_rows: usize, k: usize) -> bool {
+        kernels::qmatmul::narrow_coop(&self.ctx, m, weight_rows, k)
+    }
+
     pub fn features(&self) -> &GpuFeatures {
         self.ctx.features()
     }

@@ -35,7 +35,10 @@
 // a mat2x4<f16>; zeros for a step at or past K) and `put_b` (a fetched
 // run into stage s of tile_b; a's runs go in by put_a). Rows and columns
 // past the edges are fetched clamped to the last ones and not written.
-// The store is coop_store.wgsl's.
+// The store is coop_store.wgsl's. The kernel file's `k_range(z, nz)` gives
+// the part of K that grid layer z of nz walks (all of it, or one part of a
+// split K whose partial products the launcher sums); its fetches give
+// zeros at or past `k_stop`, the range's end.
 
 // 1: b's tile is n-major like a's (k contiguous); 2: k-major.
 override B_MODE: u32 = 1u;
@@ -57,6 +60,9 @@ const STAGE: u32 = max(128u * PK, TK * PN);
 var<workgroup> tile_a: array<vec4<f16>, 2u * STAGE>;
 var<workgroup> tile_b: array<vec4<f16>, 2u * STAGE>;
 var<workgroup> scratch: array<f32, 2048>; // [8 subgroups][16 * 16]
+
+// The end of the part of K this workgroup walks (k_range).
+var<private> k_stop: u32;
 
 // One step's products: the subgroup's 2x4 accumulators (rows wr.., columns
 // wc.. of the tile) plus its fragments of stage s.
@@ -87,6 +93,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let b0 = origin.y;
     let sg = lid / 32u;
     let lane = lid % 32u;
+    let kr = k_range(z, nwg.z);
+    k_stop = kr.y;
     let origin0 = tile_origin(wid.xy, nwg.xy);
     let row0 = origin0.x;
     let col0 = origin0.y;
@@ -101,10 +109,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     var c6 = FragC();
     var c7 = FragC();
     // step 0 into stage 0; ra*/rb* and qa*/qb* are the two register sets
-    var ra0 = fetch_a(a0, row0, 0u, lid);
-    var ra1 = fetch_a(a0, row0, 0u, lid + 256u);
-    var rb0 = fetch_b(b0, col0, 0u, lid);
-    var rb1 = fetch_b(b0, col0, 0u, lid + 256u);
+    var ra0 = fetch_a(a0, row0, kr.x, lid);
+    var ra1 = fetch_a(a0, row0, kr.x, lid + 256u);
+    var rb0 = fetch_b(b0, col0, kr.x, lid);
+    var rb1 = fetch_b(b0, col0, kr.x, lid + 256u);
     put_a(0u, lid, ra0);
     put_a(0u, lid + 256u, ra1);
     put_b(0u, lid, rb0);
@@ -112,13 +120,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     workgroupBarrier();
     // s: the stage this step's products read
     var s = 0u;
-    var qa0 = fetch_a(a0, row0, TK, lid);
-    var qa1 = fetch_a(a0, row0, TK, lid + 256u);
-    var qb0 = fetch_b(b0, col0, TK, lid);
-    var qb1 = fetch_b(b0, col0, TK, lid + 256u);
+    var qa0 = fetch_a(a0, row0, kr.x + TK, lid);
+    var qa1 = fetch_a(a0, row0, kr.x + TK, lid + 256u);
+    var qb0 = fetch_b(b0, col0, kr.x + TK, lid);
+    var qb1 = fetch_b(b0, col0, kr.x + TK, lid + 256u);
     // two steps a round: past K the fetches give zeros, so an odd count
     // of steps ends with a step of zero tiles
-    for (var kt = 0u; kt < p.k; kt += 2u * TK) {
+    for (var kt = kr.x; kt < kr.y; kt += 2u * TK) {
         // step kt: q* hold step kt + TK, r* take step kt + 2 TK
         let n2 = kt + 2u * TK;
         ra0 = fetch_a(a0, row0, n2, lid);

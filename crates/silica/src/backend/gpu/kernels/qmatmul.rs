@@ -84,10 +84,74 @@ pub(crate) static QMATMUL_COOP: Kernel = Kernel {
     needs: KernelNeeds::COOP16,
 };
 
-/// Rows of f16 x from which the cooperative-matrix kernel takes the product
-/// (its tiles have 128 rows); `qtensor.rs` keeps an f16 prefill in f16 from
-/// here on.
+pub(crate) static SPLIT_SUM: Kernel = Kernel {
+    name: "split_sum",
+    source: concat!(
+        include_str!("shared/common.wgsl"),
+        include_str!("shared/store.wgsl"),
+        include_str!("split_sum.wgsl")
+    ),
+    inputs: 1,
+    trusted: false,
+    outputs: 1,
+    immediates: true,
+    needs: KernelNeeds::NOTHING,
+};
+
+/// Workgroups of the cooperative-matrix kernel up to which a split of K
+/// adds parts: about two per SM of a large GPU (132 on an H100 or H200).
+const SPLIT_GROUPS: usize = 256;
+
+/// Elements of K a part of a split K walks at least (8 steps of 32).
+const SPLIT_MIN_K: usize = 256;
+
+/// Parts of K for the cooperative-matrix kernel on a product of `tiles`
+/// 128x128 tiles and depth `k`: the most (a power of two, at most `most`)
+/// that keep the grid within [`SPLIT_GROUPS`] and each part at least
+/// [`SPLIT_MIN_K`] deep. Narrow products (a 1B model's 2,048-column ones
+/// at up to 128 rows: 16 tiles) otherwise leave most of a large GPU's SMs
+/// idle (docs/tuning.md, "Split K").
+pub(crate) fn coop_splits(tiles: usize, k: usize, most: usize) -> usize {
+    let mut parts = 1;
+    while parts * 2 <= most && tiles * parts * 2 <= SPLIT_GROUPS && k / (parts * 2) >= SPLIT_MIN_K {
+        parts *= 2;
+    }
+    parts
+}
+
+/// Rows of f16 x from which the cooperative-matrix kernel takes every
+/// product (its tiles have 128 rows; fewer rows: [`narrow_coop`]);
+/// `qtensor.rs` keeps an f16 prefill in f16 from here on.
 pub(crate) const COOP_MIN_M: usize = 64;
+
+/// Weights (rows times K) from which a product of f16 x with fewer than
+/// [`COOP_MIN_M`] rows takes the cooperative-matrix kernel (from
+/// `GpuFeatures::coop_rows` rows on, up to [`COOP_NARROW_MAX_K`]). A small
+/// model's products (SmolLM2's are at most 1.8 M weights) stay on the GEMV
+/// kernels, where a narrow grid of the tiled kernel loses; a 1B model's
+/// (4.2 M and more) gain (docs/tuning.md, "Narrow products on tensor
+/// cores").
+const COOP_NARROW_WEIGHTS: usize = 1 << 22;
+
+/// Depth up to which a narrow product takes the cooperative-matrix kernel:
+/// its workgroups wait on their loads, about 3 µs a step of 32 along K for
+/// a 1B model's products and 6 µs for an 8B model's (K = 4,096), whose
+/// every product of 16 or 32 rows was slower there than in two or four
+/// GEMV chunks (H200).
+const COOP_NARROW_MAX_K: usize = 2048;
+
+/// Whether a product of `m` rows of f16 x with `weight_rows` rows of K
+/// values, fewer than [`COOP_MIN_M`] rows, takes the cooperative-matrix
+/// kernel on this device (split along K so that few tiles still fill the
+/// GPU) rather than the GEMV kernels in chunks of 8 rows, each of which
+/// decodes the weights again.
+pub(crate) fn narrow_coop(ctx: &Context, m: usize, weight_rows: usize, k: usize) -> bool {
+    super::matmul::coop_tiles(ctx)
+        && m > GEMV_MAX_M
+        && m >= ctx.features().coop_rows as usize
+        && k <= COOP_NARROW_MAX_K
+        && weight_rows * k >= COOP_NARROW_WEIGHTS
+}
 
 pub(crate) static QROWS: Kernel = Kernel {
     name: "qrows",
@@ -202,10 +266,14 @@ fn gemv_lanes(n: usize, k: usize, rows: usize) -> usize {
 /// sets take two weight rows at least, see [`gemv_rows`]) a product of `m`
 /// rows of x with `weight_rows` rows of w on this device: up to 8 rows of
 /// x always; up to `GpuFeatures::gemv_rows` in chunks of at most 8 while
-/// the chunks times the weight rows stay within [`GEMV_CHUNK_ROWS`].
-pub(crate) fn takes_gemv(ctx: &Context, m: usize, weight_rows: usize) -> bool {
+/// the chunks times the weight rows (of `k` values) stay within
+/// [`GEMV_CHUNK_ROWS`], except f16 x (`x16`) that [`narrow_coop`] sends
+/// to the cooperative-matrix kernel.
+pub(crate) fn takes_gemv(ctx: &Context, m: usize, weight_rows: usize, k: usize, x16: bool) -> bool {
+    let coop = x16 && narrow_coop(ctx, m, weight_rows, k);
     m <= GEMV_MAX_M
-        || (m <= ctx.features().gemv_rows as usize
+        || (!coop
+            && m <= ctx.features().gemv_rows as usize
             && gemv_chunks(m).0 * weight_rows <= GEMV_CHUNK_ROWS)
 }
 
@@ -260,7 +328,8 @@ pub(crate) fn qmatmul(
         });
     }
     let weight_rows = if fusion.gated() { 2 * n } else { n };
-    let gemv_path = takes_gemv(ctx, m, weight_rows);
+    let x16 = x.dtype() == DType::F16;
+    let gemv_path = takes_gemv(ctx, m, weight_rows, k, x16);
     if !fusion.is_none() && !gemv_path {
         return Err(Error::NotSupported {
             op: "matmul_q",
@@ -318,8 +387,14 @@ pub(crate) fn qmatmul(
             [groups.min(max), groups.div_ceil(max), chunks],
             Some(gemv),
         )
-    } else if m >= COOP_MIN_M && x.dtype() == DType::F16 && super::matmul::coop_tiles(ctx) {
-        (&QMATMUL_COOP, [n.div_ceil(128), m.div_ceil(128), 1], None)
+    } else if x16
+        && super::matmul::coop_tiles(ctx)
+        && (m >= COOP_MIN_M || narrow_coop(ctx, m, weight_rows, k))
+    {
+        let tiles = [n.div_ceil(128), m.div_ceil(128)];
+        let most = ctx.features().split_k as usize;
+        let parts = coop_splits(tiles[0] * tiles[1], k, most);
+        (&QMATMUL_COOP, [tiles[0], tiles[1], parts], None)
     } else {
         (&QMATMUL, [n.div_ceil(64), m.div_ceil(64), 1], None)
     };
@@ -350,6 +425,19 @@ pub(crate) fn qmatmul(
         to_u32(r.map_or(0, |r| r.layout().offset()), "offset")?,
     ];
     let bytes: &[u8] = bytemuck::cast_slice(&header);
+    if gemv.is_none() && grid[2] > 1 {
+        return split_product(
+            ctx,
+            format,
+            x.dtype(),
+            bytes,
+            &[buffer(x), buffer(w)],
+            grid,
+            m * n,
+            out,
+            out_dtype,
+        );
+    }
     let srcs = match gemv {
         Some(_) => vec![
             buffer(x),
@@ -372,6 +460,46 @@ pub(crate) fn qmatmul(
             [grid[0] as u32, grid[1] as u32, grid[2] as u32],
         )
     })
+}
+
+/// The cooperative-matrix product on a grid of `grid[2]` parts of K: each
+/// part's f32 product of `count` elements goes to a scratch buffer, and
+/// split_sum.wgsl adds them into `out`.
+#[allow(clippy::too_many_arguments)]
+fn split_product(
+    ctx: &Context,
+    format: QuantFormat,
+    x_dtype: DType,
+    header: &[u8],
+    srcs: &[&GpuBuffer],
+    grid: [usize; 3],
+    count: usize,
+    out: &GpuBuffer,
+    out_dtype: DType,
+) -> Result<()> {
+    let parts = grid[2];
+    let partial = ctx.pool.alloc((parts * count * 4) as u64)?;
+    ctx.dispatch(
+        &QMATMUL_COOP,
+        &constants(format, x_dtype, DType::F32, None),
+        header,
+        srcs,
+        &partial,
+        [grid[0] as u32, grid[1] as u32, parts as u32],
+    )?;
+    let sum = [to_u32(count, "element count")?, parts as u32, 0, 0];
+    let units = match out_dtype {
+        DType::F16 | DType::BF16 => count.div_ceil(2),
+        _ => count,
+    };
+    ctx.dispatch(
+        &SPLIT_SUM,
+        &[("OUT_DT", out_dtype.gpu_code() as f64)],
+        bytemuck::cast_slice(&sum),
+        &[&partial],
+        out,
+        ctx.grid_for_threads(units)?,
+    )
 }
 
 /// The rank of `fusion`'s low-rank update, 0 without one: the last
@@ -685,6 +813,9 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
                 out.push((&QMATMUL, constants(format, dt, o, None)));
                 if dt == DType::F16 {
                     out.push((&QMATMUL_COOP, constants(format, dt, o, None)));
+                }
+                if format == QuantFormat::Q4_0 {
+                    out.push((&SPLIT_SUM, vec![("OUT_DT", o.gpu_code() as f64)]));
                 }
                 for m in 1..=GEMV_MAX_M {
                     out.push(gemv(m, rows(m), 32, QFusion::NONE));

@@ -31,6 +31,12 @@ pub struct GpuFeatures {
     /// Rows of x up to which quantized products may take the GEMV kernels
     /// (in chunks of up to 8).
     pub gemv_rows: u32,
+    /// Most parts of K a quantized product of many rows is split into on
+    /// the cooperative-matrix kernel.
+    pub split_k: u32,
+    /// Rows of f16 x from which quantized products take the
+    /// cooperative-matrix kernel (where `coop16`).
+    pub coop_rows: u32,
 }
 
 impl GpuFeatures {
@@ -56,6 +62,10 @@ impl GpuFeatures {
             gemv_rows: opts
                 .gemv_rows
                 .clamp(crate::config::MIN_GEMV_ROWS, crate::config::MAX_GEMV_ROWS),
+            split_k: opts.split_k.clamp(1, crate::config::MAX_SPLIT_K),
+            coop_rows: opts
+                .coop_rows
+                .clamp(crate::config::MIN_COOP_ROWS, crate::config::MAX_COOP_ROWS),
         }
     }
 

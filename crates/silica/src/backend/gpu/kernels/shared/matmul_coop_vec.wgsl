@@ -21,6 +21,11 @@ fn origins(z: u32) -> vec2<u32> {
     return vec2<u32>(a0, b0);
 }
 
+// All of K for every batch entry z (coop_tiles.wgsl).
+fn k_range(z: u32, nz: u32) -> vec2<u32> {
+    return vec2<u32>(0u, p.k);
+}
+
 // Run g (0..511) of a[row0..+128, kt..+32]: row g / 4, halves 8 (g % 4)..+8.
 fn fetch_a(a0: u32, row0: u32, kt: u32, g: u32) -> mat2x4<f16> {
     let r = min(row0 + (g >> 2u), p.m - 1u);

@@ -6,6 +6,12 @@
 // K covers one group of every weight row of the tile. Params from
 // qmatmul_common.wgsl; K is a multiple of 32 and x contiguous from a
 // multiple of 8 elements (the launcher checks both).
+//
+// With a grid of nz > 1 layers, layer z walks the z-th of nz parts of K
+// (whole groups of 32) and writes its partial product, f32, at z M N of
+// dst; the launcher sums the parts (split_sum.wgsl). Narrow products of
+// many rows (a 1B model's 2,048-column ones at 512 rows: 64 tiles) would
+// otherwise leave most of a large GPU's SMs without a workgroup.
 
 @group(0) @binding(0) var<uniform> p: QParams;
 @group(0) @binding(1) var<storage, read> src_x: array<vec4<u32>>;
@@ -17,10 +23,16 @@ fn origins(z: u32) -> vec2<u32> {
     return vec2<u32>(p.off_x, 0u);
 }
 
+// Part z of nz of K: whole steps of 32, the last part what is left.
+fn k_range(z: u32, nz: u32) -> vec2<u32> {
+    let part = (p.k / 32u + nz - 1u) / nz * 32u;
+    return vec2<u32>(min(z * part, p.k), min((z + 1u) * part, p.k));
+}
+
 // Run g (0..511) of x[row0..+128, kt..+32]: row g / 4, halves 8 (g % 4)..+8
-// (zeros past K).
+// (zeros at or past k_stop).
 fn fetch_a(a0: u32, row0: u32, kt: u32, g: u32) -> mat2x4<f16> {
-    if kt >= p.k {
+    if kt >= k_stop {
         return ZERO8;
     }
     let r = min(row0 + (g >> 2u), p.m - 1u);
@@ -28,9 +40,9 @@ fn fetch_a(a0: u32, row0: u32, kt: u32, g: u32) -> mat2x4<f16> {
 }
 
 // Part g % 4 of group kt / 32 of weight row col0 + g / 4, decoded: its two
-// runs of 4 (at part_k's offsets in the group); zeros past K.
+// runs of 4 (at part_k's offsets in the group); zeros at or past k_stop.
 fn fetch_b(b0: u32, col0: u32, kt: u32, g: u32) -> mat2x4<f16> {
-    if kt >= p.k {
+    if kt >= k_stop {
         return ZERO8;
     }
     let at = group_at(min(col0 + (g >> 2u), p.n - 1u), kt / 32u);
