@@ -196,6 +196,49 @@ impl CustomOp for FusedQMatmul {
     }
 }
 
+/// `x @ wᵀ + bias` (`Tensor::linear`): operands `[x [.., k], w [n, k],
+/// bias [n]]`, the caller checked them. On the CPU in f32 the product
+/// accumulates into the bias rows; elsewhere, `matmul` then `add`.
+pub(crate) struct Linear;
+
+impl Linear {
+    fn composed(inputs: &[&Tensor]) -> Result<Tensor> {
+        inputs[0].matmul(&inputs[1].t()?)?.add(inputs[2])
+    }
+}
+
+impl CustomOp for Linear {
+    fn name(&self) -> &'static str {
+        "linear"
+    }
+
+    fn output(&self, inputs: &[&Tensor], _: &[&Tensor]) -> Result<(Vec<usize>, DType)> {
+        let mut shape = inputs[0].shape().to_vec();
+        let last = shape.len() - 1;
+        shape[last] = inputs[1].shape()[0];
+        Ok((shape, inputs[0].dtype()))
+    }
+
+    fn cpu(&self, inputs: &[&Tensor], _: &mut [&mut Tensor]) -> Result<Tensor> {
+        let (x, w, b) = (inputs[0], inputs[1], inputs[2]);
+        if x.dtype() == DType::F32 && w.dtype() == DType::F32 {
+            let x = x.contiguous()?;
+            let n = w.shape()[0];
+            let m: usize = x.shape()[..x.rank() - 1].iter().product();
+            crate::memory::host_check((m * n * 4) as u64)?;
+            if let Some(out) = crate::backend::cpu::matmul::linear_f32(&x, w, b) {
+                let (shape, _) = self.output(inputs, &[])?;
+                return Tensor::from_vec(out, &shape, &crate::Device::Cpu);
+            }
+        }
+        Self::composed(inputs)
+    }
+
+    fn compose(&self, inputs: &[&Tensor], _: &mut [&mut Tensor]) -> Result<Option<Tensor>> {
+        Self::composed(inputs).map(Some)
+    }
+}
+
 /// `rms_norm(x, weight) + residual`: operands `[x, weight, residual]`,
 /// the caller checked them.
 pub(crate) struct RmsNormAdd {

@@ -356,6 +356,28 @@ fn matmul_cases(cases: &mut Vec<Case>) {
     }
 }
 
+/// `Tensor::linear` (bias folded into the product on the CPU, matmul and
+/// add elsewhere): x of 3 and 2 dimensions and views of it, w as stored and
+/// transposed, K = 0.
+fn linear_cases(cases: &mut Vec<Case>) {
+    let shapes: [(&[usize], usize); 3] = [(&[2, 5, 16], 7), (&[9, 33], 65), (&[4, 0], 3)];
+    for dtype in DType::FLOATS {
+        for kx in [Kind::Contiguous, Kind::Transposed, Kind::Offset] {
+            for kw in [Kind::Contiguous, Kind::Transposed] {
+                for (xs, n) in shapes {
+                    let k = *xs.last().unwrap_or(&0);
+                    let name = format!("linear {dtype} {kx:?} {kw:?} {xs:?} x [{n}, {k}]");
+                    case(cases, name, accumulating(dtype), move |d| {
+                        let w = input(kw, &[n, k], dtype, 14, d)?;
+                        let b = input(Kind::Contiguous, &[n], dtype, 15, d)?;
+                        input(kx, xs, dtype, 16, d)?.linear(&w, &b)
+                    });
+                }
+            }
+        }
+    }
+}
+
 /// Each matmul kernel forced on shapes that cross its tile edges, with
 /// layouts that take its vector loading paths (contiguous rows whose starts
 /// are multiples of 8 elements, a transposed weight, a row-major b) and its
@@ -662,6 +684,7 @@ fn all_cases() -> Vec<Case> {
     binary_cases(&mut cases);
     reduce_cases(&mut cases);
     matmul_cases(&mut cases);
+    linear_cases(&mut cases);
     forced_matmul_cases(&mut cases);
     qmatmul_cases(&mut cases);
     qmatmul_fused_cases(&mut cases);

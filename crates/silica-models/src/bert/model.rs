@@ -18,7 +18,7 @@ struct Linear {
 
 impl Linear {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(x.matmul(&self.w.t()?)?.add(&self.b)?)
+        Ok(x.linear(&self.w, &self.b)?)
     }
 }
 

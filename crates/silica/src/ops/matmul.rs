@@ -5,6 +5,55 @@ use crate::layout::broadcast_shapes;
 use crate::{Error, Op, Result, Tensor};
 
 impl Tensor {
+    /// A linear layer as checkpoints store it: `self [.., k] @ wᵀ + bias`
+    /// for `w [n, k]` and `bias [n]`, the result `[.., n]` (as PyTorch's
+    /// `F.linear`). On the CPU in f32 the product accumulates into the bias
+    /// rows, so no separate pass adds the bias; elsewhere it is
+    /// [`Tensor::matmul`] then [`Tensor::add`].
+    ///
+    /// ```
+    /// # use silica::{Device, DType, Tensor};
+    /// let dev = Device::cpu();
+    /// let x = Tensor::from_slice(&[1.0f32, 2.0], &[1, 2], &dev)?;
+    /// let w = Tensor::from_slice(&[1.0f32, 0.0, 0.0, 1.0, 1.0, 1.0], &[3, 2], &dev)?;
+    /// let b = Tensor::from_slice(&[0.5f32, 0.0, -1.0], &[3], &dev)?;
+    /// assert_eq!(x.linear(&w, &b)?.to_vec::<f32>()?, vec![1.5, 2.0, 2.0]);
+    /// # Ok::<(), silica::Error>(())
+    /// ```
+    pub fn linear(&self, w: &Tensor, bias: &Tensor) -> Result<Tensor> {
+        let op = "linear";
+        self.same_device(w, op)?;
+        self.same_device(bias, op)?;
+        let k = self.shape().last().copied().unwrap_or(0);
+        if self.rank() == 0 || w.rank() != 2 || w.shape()[1] != k {
+            return Err(Error::ShapeMismatch {
+                op,
+                lhs: self.shape().to_vec(),
+                rhs: w.shape().to_vec(),
+                hint: format!("x @ wᵀ needs x [.., k] and w [n, k] with k = {k}"),
+            });
+        }
+        let n = w.shape()[0];
+        if bias.shape() != [n] {
+            return Err(Error::ShapeMismatch {
+                op,
+                lhs: bias.shape().to_vec(),
+                rhs: vec![n],
+                hint: format!("the bias has one value per output column: [{n}]"),
+            });
+        }
+        for t in [w, bias] {
+            if !self.dtype().is_float() || t.dtype() != self.dtype() {
+                return Err(Error::DTypeMismatch {
+                    op,
+                    lhs: self.dtype(),
+                    rhs: t.dtype(),
+                });
+            }
+        }
+        crate::custom::apply(&crate::fused::Linear, &[self, w, bias])
+    }
+
     /// Matrix product as `torch.matmul` defines it: `[.., M, K] @ [.., K, N]`
     /// with the batch dimensions broadcast; a 1-D operand is treated as a row
     /// (left) or column (right) vector and its dimension removed from the

@@ -5,7 +5,7 @@
 mod attention;
 mod elementwise;
 mod index;
-mod matmul;
+pub(crate) mod matmul;
 mod nn;
 mod qdot;
 mod qgemm;

@@ -130,7 +130,7 @@ pub fn qmatmul(
                         rs: 1,
                         cs: k,
                     };
-                    gemm_f32(rows, m, k, &lhs, &rhs, dst, false);
+                    gemm_f32(rows, m, k, &lhs, &rhs, dst, false, false);
                 });
         }
     }
