@@ -22,10 +22,15 @@ fn finish(values: Vec<f64>, dtype: DType) -> CpuStorage {
 }
 
 pub fn unary(op: UnaryOp, x: &Tensor, out: DType) -> CpuStorage {
-    let xs = host(x).gather_f32(x.layout());
     if op == UnaryOp::GeluErf && super::int8_now() {
-        return CpuStorage::from_f32(gelu_erf_f32(&xs), out);
+        // a contiguous f32 x is read where it lies
+        if let (CpuStorage::F32(v), true) = (host(x), x.is_contiguous()) {
+            let at = x.layout().offset();
+            return CpuStorage::from_f32(gelu_erf_f32(&v[at..at + x.numel()]), out);
+        }
+        return CpuStorage::from_f32(gelu_erf_f32(&host(x).gather_f32(x.layout())), out);
     }
+    let xs = host(x).gather_f32(x.layout());
     finish(map_index(xs.len(), |i| op.apply(xs[i] as f64)), out)
 }
 

@@ -9,9 +9,16 @@ use crate::ops::RopeStyle;
 use crate::storage::CpuStorage;
 use crate::{DType, Tensor};
 
-/// The elements of `t` as contiguous f32.
-fn values(t: &Tensor) -> Vec<f32> {
-    host(t).gather_f32(t.layout())
+/// The elements of `t` as contiguous f32: borrowed where `t` is contiguous
+/// f32 already, a gathered copy otherwise.
+fn values(t: &Tensor) -> std::borrow::Cow<'_, [f32]> {
+    match host(t) {
+        CpuStorage::F32(v) if t.is_contiguous() => {
+            let at = t.layout().offset();
+            std::borrow::Cow::Borrowed(&v[at..at + t.numel()])
+        }
+        other => std::borrow::Cow::Owned(other.gather_f32(t.layout())),
+    }
 }
 
 /// Runs `f` on each output row of length `n` (in parallel when large).
@@ -35,7 +42,7 @@ pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f32, out: DType) -> CpuStorage {
         let row = &xs[r * n..(r + 1) * n];
         let ms = row.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>() / n as f64;
         let inv = 1.0 / (ms + eps as f64).sqrt();
-        for ((o, &v), &g) in o.iter_mut().zip(row).zip(&ws) {
+        for ((o, &v), &g) in o.iter_mut().zip(row).zip(ws.iter()) {
             *o = (v as f64 * inv * g as f64) as f32;
         }
     });
@@ -138,7 +145,7 @@ pub fn attention(inputs: &[&Tensor], scale: f32, causal: bool, out: DType) -> Cp
     let [b, tq, h, d] = [q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]];
     let (tk, kvh) = (k.shape()[1], k.shape()[2]);
     let group = h / kvh;
-    let packed: (Vec<f32>, Vec<f32>);
+    let packed: (std::borrow::Cow<'_, [f32]>, std::borrow::Cow<'_, [f32]>);
     let mask = inputs.get(3).map(|m| compact(m));
     let mut y = vec![0f32; b * tq * h * d];
     if super::int8_now() {
