@@ -2,9 +2,9 @@
 //! (taken with the 8-bit products, see `crate::cpu_int8_activations`),
 //! whose exact f64 version stays the reference of the GPU kernels.
 //!
-//! A prompt (16 query positions or more) goes through two `gemm` products
-//! per batch row and head, in blocks of queries. Otherwise, one task per
-//! query position (all its heads): the scores of the visible
+//! An encoder's attention of 16 query positions or more (no causal mask)
+//! goes through two `gemm` products per batch row and head, in blocks of
+//! queries. Otherwise, one task per query position (all its heads): the scores of the visible
 //! keys (a causal query never looks at later keys), their exponentials
 //! through a polynomial that vectorizes, and the weighted sum of the value
 //! rows. The loops are written for the compiler to vectorize, and compiled
@@ -54,8 +54,8 @@ fn attention_on(isa: crate::CpuIsa, x: &Inputs<'_>, scale: f32, causal: bool, y:
     }
     // one task per query position and KV head: the heads that share the
     // KV head read each key and value row once
-    if x.dims[1] >= BLOCK_MIN_TQ {
-        return blocks(isa, x, scale, causal, y);
+    if x.dims[1] >= BLOCK_MIN_TQ && !causal {
+        return blocks(isa, x, scale, y);
     }
     let chunk = h / kvh * d;
     let run = |scores: &mut Vec<f32>, t: usize, o: &mut [f32]| {
@@ -78,13 +78,14 @@ fn attention_on(isa: crate::CpuIsa, x: &Inputs<'_>, scale: f32, causal: bool, y:
     }
 }
 
-/// Query positions from which each (batch row, head) goes through two
-/// matrix products (scores, then the weighted values) instead of one task
-/// per position: a prompt's queries share the packing of their keys.
+/// Query positions from which each (batch row, head) of a non-causal
+/// attention (an encoder's) goes through two matrix products (scores, then
+/// the weighted values) instead of one task per position: the queries
+/// share the packing of their keys (docs/tuning.md, "CPU attention").
 const BLOCK_MIN_TQ: usize = 16;
 
 /// Query positions a block of [`blocks`] takes (its scores stay in the
-/// cache); a causal block sees only the keys of its last query.
+/// cache).
 const QUERY_BLOCK: usize = 64;
 
 /// A pointer to `y` shared by tasks that write disjoint elements of it.
@@ -107,9 +108,10 @@ unsafe impl Send for Out {}
 // SAFETY: as above
 unsafe impl Sync for Out {}
 
-/// [`attention_on`] for many query positions: per (batch row, head),
-/// `S = scale · Q Kᵀ` and `Y = softmax(S + mask) V` through `gemm`.
-fn blocks(isa: crate::CpuIsa, x: &Inputs<'_>, scale: f32, causal: bool, y: &mut [f32]) {
+/// [`attention_on`] without a causal mask for many query positions: per
+/// (batch row, head), `S = scale · Q Kᵀ` and `Y = softmax(S + mask) V`
+/// through `gemm`.
+fn blocks(isa: crate::CpuIsa, x: &Inputs<'_>, scale: f32, y: &mut [f32]) {
     let [b, tq, h, d, tk, kvh] = x.dims;
     if y.is_empty() {
         return;
@@ -130,8 +132,7 @@ fn blocks(isa: crate::CpuIsa, x: &Inputs<'_>, scale: f32, causal: bool, y: &mut 
         let hd = (h * d) as isize;
         for i0 in (0..tq).step_by(QUERY_BLOCK) {
             let rows = (tq - i0).min(QUERY_BLOCK);
-            // the keys the block's last query sees (all of them unless causal)
-            let keys = place(x, causal, bi * tq + i0 + rows - 1).2;
+            let keys = tk;
             let first = ((bi * tq + i0) * h + hi) * d;
             s.clear();
             s.resize(rows * keys, 0.0);
@@ -163,7 +164,7 @@ fn blocks(isa: crate::CpuIsa, x: &Inputs<'_>, scale: f32, causal: bool, y: &mut 
                     )
                 };
             }
-            softmax_rows(isa, x, causal, [bi, hi, i0, keys], s);
+            softmax_rows(isa, x, [bi, hi, i0, keys], s);
             // SAFETY: as above for v; y's rows first + i·h·d hold d values,
             // and no other task writes them (each (bi, hi) owns its rows'
             // head slice)
@@ -204,39 +205,35 @@ fn blocks(isa: crate::CpuIsa, x: &Inputs<'_>, scale: f32, causal: bool, y: &mut 
 
 /// The rows of `s` [rows, keys] (the scores of head `hi` of batch row
 /// `bi` for queries `i0..`; `at` = [bi, hi, i0, keys]) ← their softmax
-/// after the mask, 0 past a causal query's last key.
-fn softmax_rows(isa: crate::CpuIsa, x: &Inputs<'_>, causal: bool, at: [usize; 4], s: &mut [f32]) {
+/// after the mask.
+fn softmax_rows(isa: crate::CpuIsa, x: &Inputs<'_>, at: [usize; 4], s: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     {
         if isa >= crate::CpuIsa::Avx512 {
             // SAFETY: cpu_isa is never above what the processor has
-            return unsafe { x86::softmax_rows_avx512(x, causal, at, s) };
+            return unsafe { x86::softmax_rows_avx512(x, at, s) };
         }
         if isa >= crate::CpuIsa::Avx2 {
             // SAFETY: as above
-            return unsafe { x86::softmax_rows_avx2(x, causal, at, s) };
+            return unsafe { x86::softmax_rows_avx2(x, at, s) };
         }
     }
     let _ = isa;
-    softmax_rows_any(x, causal, at, s)
+    softmax_rows_any(x, at, s)
 }
 
 #[inline(always)]
-fn softmax_rows_any(x: &Inputs<'_>, causal: bool, at: [usize; 4], s: &mut [f32]) {
+fn softmax_rows_any(x: &Inputs<'_>, at: [usize; 4], s: &mut [f32]) {
     let [bi, hi, i0, keys] = at;
     if keys == 0 {
         return;
     }
     for (r, row) in s.chunks_exact_mut(keys).enumerate() {
-        let i = i0 + r;
-        let visible = place(x, causal, bi * x.dims[1] + i).2;
-        let (live, hidden) = row.split_at_mut(visible);
-        add_mask(x, bi, hi, i, live);
-        let inv = softmax_in_place(live);
-        for p in live.iter_mut() {
+        add_mask(x, bi, hi, i0 + r, row);
+        let inv = softmax_in_place(row);
+        for p in row.iter_mut() {
             *p *= inv;
         }
-        hidden.fill(0.0);
     }
 }
 
@@ -356,13 +353,13 @@ mod x86 {
     use std::arch::x86_64::*;
 
     #[target_feature(enable = "avx512f,avx512vl,avx512dq,avx2,fma")]
-    pub(super) fn softmax_rows_avx512(x: &Inputs<'_>, causal: bool, at: [usize; 4], s: &mut [f32]) {
-        super::softmax_rows_any(x, causal, at, s)
+    pub(super) fn softmax_rows_avx512(x: &Inputs<'_>, at: [usize; 4], s: &mut [f32]) {
+        super::softmax_rows_any(x, at, s)
     }
 
     #[target_feature(enable = "avx2,fma")]
-    pub(super) fn softmax_rows_avx2(x: &Inputs<'_>, causal: bool, at: [usize; 4], s: &mut [f32]) {
-        super::softmax_rows_any(x, causal, at, s)
+    pub(super) fn softmax_rows_avx2(x: &Inputs<'_>, at: [usize; 4], s: &mut [f32]) {
+        super::softmax_rows_any(x, at, s)
     }
 
     /// Heads handled together (their accumulators stay in registers).
@@ -828,11 +825,12 @@ mod tests {
             (1, 3, 11, 10, 2, 80),
             (1, 1, 300, 9, 3, 64),
             (1, 2, 9, 2, 1, 256),
-            // prompts: the matrix products of each (batch row, head)
+            // prompts without a causal mask: the matrix products of each
+            // (batch row, head)
             (2, 20, 25, 4, 2, 20),
             (1, 16, 16, 3, 3, 7),
             (3, 17, 40, 6, 2, 32),
-            // query blocks: a causal block sees the keys up to its last query
+            // more than one block of queries
             (1, 150, 170, 2, 1, 16),
         ];
         for (isa, &(b, tq, tk, h, kvh, d)) in crate::cpu_isa_available()
