@@ -132,6 +132,13 @@ impl GpuOptions {
     /// The options set by the variables `get` returns.
     fn read(get: impl Fn(&str) -> Option<String>) -> GpuOptions {
         let on = |name: &str| get(name).is_some_and(|v| flag(&v));
+        // a whole number clamped to its range; the default when unset or unreadable
+        let number = |name: &str, default: u32, lo: u32, hi: u32| {
+            get(name)
+                .and_then(|v| v.trim().parse::<u32>().ok())
+                .unwrap_or(default)
+                .clamp(lo, hi)
+        };
         let d = GpuOptions::default();
         GpuOptions {
             cooperative_matrix: !on("SILICA_NO_COOP"),
@@ -141,22 +148,20 @@ impl GpuOptions {
             integer_gemv: get("SILICA_INTEGER_GEMV")
                 .filter(|v| !v.trim().is_empty())
                 .map(|v| flag(&v)),
-            submit_every: get("SILICA_SUBMIT_EVERY")
-                .and_then(|v| v.trim().parse::<u32>().ok())
-                .unwrap_or(d.submit_every)
-                .clamp(1, MAX_SUBMIT_EVERY),
-            gemv_rows: get("SILICA_GEMV_ROWS")
-                .and_then(|v| v.trim().parse::<u32>().ok())
-                .unwrap_or(d.gemv_rows)
-                .clamp(MIN_GEMV_ROWS, MAX_GEMV_ROWS),
-            split_k: get("SILICA_SPLIT_K")
-                .and_then(|v| v.trim().parse::<u32>().ok())
-                .unwrap_or(d.split_k)
-                .clamp(1, MAX_SPLIT_K),
-            coop_rows: get("SILICA_COOP_ROWS")
-                .and_then(|v| v.trim().parse::<u32>().ok())
-                .unwrap_or(d.coop_rows)
-                .clamp(MIN_COOP_ROWS, MAX_COOP_ROWS),
+            submit_every: number("SILICA_SUBMIT_EVERY", d.submit_every, 1, MAX_SUBMIT_EVERY),
+            gemv_rows: number(
+                "SILICA_GEMV_ROWS",
+                d.gemv_rows,
+                MIN_GEMV_ROWS,
+                MAX_GEMV_ROWS,
+            ),
+            split_k: number("SILICA_SPLIT_K", d.split_k, 1, MAX_SPLIT_K),
+            coop_rows: number(
+                "SILICA_COOP_ROWS",
+                d.coop_rows,
+                MIN_COOP_ROWS,
+                MAX_COOP_ROWS,
+            ),
             strict: on("SILICA_STRICT"),
             check: on("SILICA_CHECK"),
             profile: on("SILICA_PROFILE"),

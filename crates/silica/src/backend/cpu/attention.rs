@@ -132,22 +132,21 @@ fn blocks(isa: crate::CpuIsa, x: &Inputs<'_>, scale: f32, y: &mut [f32]) {
         let hd = (h * d) as isize;
         for i0 in (0..tq).step_by(QUERY_BLOCK) {
             let rows = (tq - i0).min(QUERY_BLOCK);
-            let keys = tk;
             let first = ((bi * tq + i0) * h + hi) * d;
             s.clear();
-            s.resize(rows * keys, 0.0);
-            if keys > 0 {
+            s.resize(rows * tk, 0.0);
+            if tk > 0 {
                 // SAFETY: q's rows first + i·h·d (i < rows) hold d values, k's
-                // rows kv + j·sj (j < keys ≤ tk) hold d values (asserted
-                // above), s holds rows·keys
+                // rows kv + j·sj (j < tk ≤ tk) hold d values (asserted
+                // above), s holds rows·tk
                 unsafe {
                     gemm::gemm(
                         rows,
-                        keys,
+                        tk,
                         d,
                         s.as_mut_ptr(),
                         1,
-                        keys as isize,
+                        tk as isize,
                         false,
                         x.q.as_ptr().add(first),
                         1,
@@ -164,7 +163,7 @@ fn blocks(isa: crate::CpuIsa, x: &Inputs<'_>, scale: f32, y: &mut [f32]) {
                     )
                 };
             }
-            softmax_rows(isa, x, [bi, hi, i0, keys], s);
+            softmax_rows(isa, x, [bi, hi, i0], s);
             // SAFETY: as above for v; y's rows first + i·h·d hold d values,
             // and no other task writes them (each (bi, hi) owns its rows'
             // head slice)
@@ -172,14 +171,14 @@ fn blocks(isa: crate::CpuIsa, x: &Inputs<'_>, scale: f32, y: &mut [f32]) {
                 gemm::gemm(
                     rows,
                     d,
-                    keys,
+                    tk,
                     out.at(first),
                     1,
                     hd,
                     false,
                     s.as_ptr(),
                     1,
-                    keys as isize,
+                    tk as isize,
                     x.v.as_ptr().add(kv),
                     1,
                     sj as isize,
@@ -203,10 +202,9 @@ fn blocks(isa: crate::CpuIsa, x: &Inputs<'_>, scale: f32, y: &mut [f32]) {
     }
 }
 
-/// The rows of `s` [rows, keys] (the scores of head `hi` of batch row
-/// `bi` for queries `i0..`; `at` = [bi, hi, i0, keys]) ← their softmax
-/// after the mask.
-fn softmax_rows(isa: crate::CpuIsa, x: &Inputs<'_>, at: [usize; 4], s: &mut [f32]) {
+/// The rows of `s` [rows, tk] (the scores of head `hi` of batch row `bi`
+/// for queries `i0..`; `at` = [bi, hi, i0]) ← their softmax after the mask.
+fn softmax_rows(isa: crate::CpuIsa, x: &Inputs<'_>, at: [usize; 3], s: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     {
         if isa >= crate::CpuIsa::Avx512 {
@@ -223,12 +221,13 @@ fn softmax_rows(isa: crate::CpuIsa, x: &Inputs<'_>, at: [usize; 4], s: &mut [f32
 }
 
 #[inline(always)]
-fn softmax_rows_any(x: &Inputs<'_>, at: [usize; 4], s: &mut [f32]) {
-    let [bi, hi, i0, keys] = at;
-    if keys == 0 {
+fn softmax_rows_any(x: &Inputs<'_>, at: [usize; 3], s: &mut [f32]) {
+    let [bi, hi, i0] = at;
+    let tk = x.dims[4];
+    if tk == 0 {
         return;
     }
-    for (r, row) in s.chunks_exact_mut(keys).enumerate() {
+    for (r, row) in s.chunks_exact_mut(tk).enumerate() {
         add_mask(x, bi, hi, i0 + r, row);
         let inv = softmax_in_place(row);
         for p in row.iter_mut() {
@@ -353,12 +352,12 @@ mod x86 {
     use std::arch::x86_64::*;
 
     #[target_feature(enable = "avx512f,avx512vl,avx512dq,avx2,fma")]
-    pub(super) fn softmax_rows_avx512(x: &Inputs<'_>, at: [usize; 4], s: &mut [f32]) {
+    pub(super) fn softmax_rows_avx512(x: &Inputs<'_>, at: [usize; 3], s: &mut [f32]) {
         super::softmax_rows_any(x, at, s)
     }
 
     #[target_feature(enable = "avx2,fma")]
-    pub(super) fn softmax_rows_avx2(x: &Inputs<'_>, at: [usize; 4], s: &mut [f32]) {
+    pub(super) fn softmax_rows_avx2(x: &Inputs<'_>, at: [usize; 3], s: &mut [f32]) {
         super::softmax_rows_any(x, at, s)
     }
 
