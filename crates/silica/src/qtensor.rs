@@ -575,11 +575,12 @@ impl Tensor {
 
 /// Multiply-adds of `x·aᵀ` per row of x (rank times K) up to which
 /// [`QFuse::low_rank_a`] is computed by each workgroup of the product:
-/// SmolLM2's products (K of 576 and 1,536 at rank 16) and a 1B model's of
-/// K = 2,048, not its down product (8,192), where every workgroup reading
-/// all of `a` costs more than the dispatch it saves (docs/tuning.md,
+/// SmolLM2's products with a rank-16 adapter (at most its stacked Q/K/V's
+/// rank 48 × K 576 = 27,648), not a 1B model's (its output projection's
+/// 16 × 2,048 = 32,768 and up), whose workgroups would each read more of
+/// `a` than the separate projection's dispatch costs (docs/tuning.md,
 /// "LoRA's u in the GEMV").
-const LORA_IN_WORK: usize = 1 << 15;
+const LORA_IN_WORK: usize = 28 * 1024;
 
 /// `t` if it is contiguous from its buffer's first element, a copy
 /// otherwise: the low-rank operands, which the GEMV kernels read whole

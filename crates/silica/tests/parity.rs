@@ -601,9 +601,42 @@ fn qmatmul_fused_cases(cases: &mut Vec<Case>) {
             }
         }
     }
+    // adapters of rank 40 computed by the product: t = 6 threads a sum
+    // (not a power of two), more runs of `a` than a thread loads early
+    // (K = 768 in f32), two rounds of sums with 16 rows (chunks of 8)
     for dtype in DType::FLOATS {
         for norm in [false, true] {
-            for (m, r, k) in [(1, 16, 576), (3, 5, 64), (12, 8, 256)] {
+            for (m, n, k) in [(1, 34, 768), (3, 18, 512), (16, 18, 768)] {
+                let name = format!(
+                    "matmul_q_fused+low_rank rank 40 {dtype} norm={norm} [{m}, {k}] -> {n}"
+                );
+                case(cases, name, quantized(dtype, m), move |d| {
+                    let w = QTensor::random(QuantFormat::Q4_0, &[n, k], 48, d)?;
+                    let x = input(Kind::Contiguous, &[m, k], dtype, 49, d)?;
+                    let g = input(Kind::Offset, &[k], dtype, 50, d)?;
+                    let a = input(Kind::Contiguous, &[40, k], dtype, 51, d)?.mul_scalar(0.1)?;
+                    let b = input(Kind::Contiguous, &[40, n], dtype, 52, d)?;
+                    let fuse = QFuse {
+                        rms_norm: norm.then_some((&g, 1e-5)),
+                        low_rank_a: Some((&a, &b)),
+                        ..QFuse::default()
+                    };
+                    x.matmul_q_fused(&w, fuse)
+                });
+            }
+        }
+    }
+    for dtype in DType::FLOATS {
+        for norm in [false, true] {
+            // K = 4,352: more than one round of 8 words a thread; 70: a row
+            // that ends inside a thread's words
+            for (m, r, k) in [
+                (1, 16, 576),
+                (3, 5, 64),
+                (12, 8, 256),
+                (1, 48, 4352),
+                (2, 3, 70),
+            ] {
                 let name = format!("project_low_rank {dtype} norm={norm} [{m}, {k}] -> {r}");
                 case(cases, name, quantized(dtype, m), move |d| {
                     let x = input(Kind::Contiguous, &[m, k], dtype, 46, d)?;

@@ -585,13 +585,30 @@ fn fused_products_match_their_definition() {
                 let x = Tensor::randn(&[rows, k], DType::F32, 6, &dev).unwrap();
                 let g = Tensor::randn(&[k], DType::F32, 7, &dev).unwrap();
                 let r = Tensor::randn(&[rows, n], DType::F32, 8, &dev).unwrap();
+                // a LoRA update of rank 40 that some cases add (the product
+                // computes u itself where rank × K ≤ 32,768: in one round
+                // of its workgroup, or in two with 8 rows in a chunk; K =
+                // 4,352 runs project_low_rank first)
+                let lora = matches!(
+                    (rows, k),
+                    (1, 256) | (1, 4352) | (3, 512) | (8, 768) | (23, 512)
+                );
+                let rank = 40;
+                let la = Tensor::randn(&[rank, k], DType::F32, 9, &dev)
+                    .unwrap()
+                    .mul_scalar(0.5)
+                    .unwrap();
+                let lb = Tensor::randn(&[rank, w_rows], DType::F32, 10, &dev)
+                    .unwrap()
+                    .mul_scalar(0.5)
+                    .unwrap();
                 let fuse = QFuse {
                     rms_norm: Some((&g, 1e-5)),
                     swiglu: gate == Gate::Silu,
                     geglu: gelu,
                     residual: Some(&r),
                     low_rank: None,
-                    low_rank_a: None,
+                    low_rank_a: lora.then_some((&la, &lb)),
                 };
                 let got: Vec<f32> = x.matmul_q_fused(&w, fuse).unwrap().to_vec().unwrap();
                 let (xs, gs, rs): (Vec<f32>, Vec<f32>, Vec<f32>) = (
@@ -599,6 +616,7 @@ fn fused_products_match_their_definition() {
                     g.to_vec().unwrap(),
                     r.to_vec().unwrap(),
                 );
+                let (las, lbs): (Vec<f32>, Vec<f32>) = (la.to_vec().unwrap(), lb.to_vec().unwrap());
                 let mut want = vec![0f32; rows * n];
                 for i in 0..rows {
                     let row = &xs[i * k..(i + 1) * k];
@@ -618,12 +636,28 @@ fn fused_products_match_their_definition() {
                             gpu_int8 && takes_gemv(g, rows, w_rows) && gpu_int8_activations(format)
                         }
                     };
+                    // u = rms_norm(x)·aᵀ, the norm without its weight (a
+                    // caller folds that into a), before any rounding
+                    let u: Vec<f64> = (0..if lora { rank } else { 0 })
+                        .map(|q| {
+                            row.iter()
+                                .zip(&las[q * k..(q + 1) * k])
+                                .map(|(&a, &b)| a as f64 * inv * b as f64)
+                                .sum()
+                        })
+                        .collect();
                     let h = if rounds { rounded_to_8_bits(&h) } else { h };
                     let dot = |j: usize| -> f64 {
+                        let update: f64 = u
+                            .iter()
+                            .enumerate()
+                            .map(|(q, uq)| uq * lbs[q * w_rows + j] as f64)
+                            .sum();
                         h.iter()
                             .zip(&wd[j * k..(j + 1) * k])
                             .map(|(a, &b)| a * b as f64)
-                            .sum()
+                            .sum::<f64>()
+                            + update
                     };
                     for j in 0..n {
                         if !gated {
@@ -648,7 +682,7 @@ fn fused_products_match_their_definition() {
                 let err = rel_err(&got, &want);
                 assert!(
                     err < tol,
-                    "{dev} {format} rows {rows} k {k} {gate:?} (GPU int8 {gpu_int8}): relative error {err}"
+                    "{dev} {format} rows {rows} k {k} {gate:?} lora {lora} (GPU int8 {gpu_int8}): relative error {err}"
                 );
             }
         }

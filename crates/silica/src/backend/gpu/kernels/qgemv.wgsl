@@ -18,6 +18,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let ko = part_k(q);
     let groups = p.k / 32u;
     let early = residual_words(lane, col0);
+    let lb = low_rank_words(lane, col0);
+    let lr = fetch_low_rank(lid);
     if NORM {
         // sums of squares of the M rows of x, then 1 / rms of each
         var ss: RowSums;
@@ -30,6 +32,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             ss[r] = s;
         }
         publish_rms(lid, ss);
+    }
+    if LORA_IN {
+        project_low_rank(lid, lr);
     }
     var acc: Accs;
     if col0 < p.n {
@@ -79,5 +84,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             }
         }
     }
-    finish(lid, lane, col0, acc, early);
+    finish(lid, lane, col0, acc, early, lb);
 }

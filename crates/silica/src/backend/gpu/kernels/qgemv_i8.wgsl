@@ -448,7 +448,11 @@ fn sums_deep(lid: u32, lane: u32, live: bool, blocks: u32, row_at: array<u32, 4>
         fetch_unit(lane, units, row_at, &b0);
         fetch_unit(lane + LANES, units, row_at, &b1);
     }
+    let lr = fetch_low_rank(lid);
     prepare_x(lid, blocks);
+    if LORA_IN {
+        project_low_rank(lid, lr);
+    }
     var acc: Accs;
     if live {
         for (var u = lane; u < units; u += 2u * LANES) {
@@ -471,7 +475,11 @@ fn sums(lid: u32, lane: u32, live: bool, blocks: u32, row_at: array<u32, 4>) -> 
     if live {
         fetch_unit(lane, units, row_at, &next);
     }
+    let lr = fetch_low_rank(lid);
     prepare_x(lid, blocks);
+    if LORA_IN {
+        project_low_rank(lid, lr);
+    }
     var acc: Accs;
     if live {
         for (var u = lane; u < units; u += LANES) {
@@ -503,6 +511,9 @@ fn sums_rows(lid: u32, lane: u32, live: bool, blocks: u32, row_at: array<u32, 4>
     var next: Words;
     if live {
         fetch_unit(lane, units, row_at, &next);
+    }
+    if LORA_IN {
+        project_low_rank(lid, fetch_low_rank(lid));
     }
     var ss: RowSums;
     var acc: Accs;
@@ -544,6 +555,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         row_at[c] = weight_row(col0, c) * p.row_bytes;
     }
     let early = residual_words(lane, col0);
+    let lb = low_rank_words(lane, col0);
     var acc: Accs;
     if M > 1u {
         acc = sums_rows(lid, lane, live, blocks, row_at);
@@ -552,5 +564,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     } else {
         acc = sums(lid, lane, live, blocks, row_at);
     }
-    finish(lid, lane, col0, acc, early);
+    finish(lid, lane, col0, acc, early, lb);
 }

@@ -11,7 +11,11 @@
 //   first half (u) an earlier kernel computed, or with LORA_IN this one:
 //   src_lu then holds a [LORA, K] (x's dtype, the norm's weight folded
 //   in) and every workgroup computes x @ aᵀ for its rows itself (a few
-//   thousand products, from cache), which saves a dependent dispatch.
+//   thousand products), which saves a dependent dispatch. It does so
+//   before the weights' products, with its first words of `a` loaded as
+//   the kernel starts, and each lane's words of `b` too where they fit
+//   (the adapter's weights are cold: a load at the end would add its
+//   latency to the kernel's).
 // - SWIGLU: w holds gate [N, K] then up [N, K]; a lane set takes R / 2
 //   columns of each and writes silu(gate) * up, or with GELU
 //   gelu_tanh(gate) * up (GeGLU).
@@ -145,65 +149,199 @@ fn lu4(e: u32) -> vec4<f32> {
     return vec4<f32>(bitcast<f32>(a << 16u), bitcast<f32>(a & 0xffff0000u), bitcast<f32>(b << 16u), bitcast<f32>(b & 0xffff0000u));
 }
 
-// With LORA_IN: lora_u = x @ aᵀ for the chunk's M rows, each of the
-// M * LORA sums taken by T threads (the largest power of two up to 64
-// with T sums in a round of the workgroup) and joined by a tree in
-// `partial`. Called by every thread; `partial` is free when it starts.
-fn project_low_rank(lid: u32) {
-    let outs = M * LORA;
-    var t = 64u;
-    while t > 1u && t * outs > WG {
-        t >>= 1u;
+// With LORA_IN, how the projection x @ aᵀ of the chunk's M * LORA sums
+// is shared: t threads a sum (the most with t sums in one round of the
+// workgroup, up to 64), each taking every t-th run of 16 bytes of its row
+// of `a` (4 values in f32, 8 in 16 bits) and of x.
+fn low_rank_threads() -> u32 {
+    return clamp(WG / (M * max(LORA, 1u)), 1u, 64u);
+}
+
+// Values in a run of 16 bytes of x and of `a`.
+fn run_values() -> u32 {
+    return select(8u, 4u, IN_DT == 0u);
+}
+
+// Runs of `a` a thread loads before it rounds x (the rest at the
+// projection).
+const LORA_EARLY: u32 = 16u;
+alias LowRankRuns = array<vec4<u32>, LORA_EARLY>;
+
+// The words of run `run` of `a`'s row `ar` (4 words).
+fn a_run(ar: u32, run: u32) -> vec4<u32> {
+    let e = ar * p.k + run * run_values();
+    let w = select(e >> 1u, e, IN_DT == 0u);
+    return vec4<u32>(src_lu[w], src_lu[w + 1u], src_lu[w + 2u], src_lu[w + 3u]);
+}
+
+// A run's words as f32, the first 4 values (or the only ones in f32) and
+// the next 4.
+fn run_half(words: vec4<u32>, hi: bool) -> vec4<f32> {
+    if IN_DT == 0u {
+        return bitcast<vec4<f32>>(words);
     }
+    var w = words.xy;
+    if hi {
+        w = words.zw;
+    }
+    if IN_DT == 1u {
+        return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
+    }
+    return vec4<f32>(bitcast<f32>(w.x << 16u), bitcast<f32>(w.x & 0xffff0000u), bitcast<f32>(w.y << 16u), bitcast<f32>(w.y & 0xffff0000u));
+}
+
+// The dot of x's run from element e with a run of `a`'s words.
+fn run_dot(e: u32, a: vec4<u32>) -> f32 {
+    var s = dot(x4(e), run_half(a, false));
+    if IN_DT != 0u {
+        s += dot(x4(e + 4u), run_half(a, true));
+    }
+    return s;
+}
+
+// With LORA_IN: this thread's first runs of `a` in the projection's first
+// round (see project_low_rank), loaded when the kernel starts so that
+// they arrive while x is rounded, instead of after the weights.
+fn fetch_low_rank(lid: u32) -> LowRankRuns {
+    var runs: LowRankRuns;
+    if LORA_IN {
+        let t = low_rank_threads();
+        let o = lid / t;
+        let rank = max(LORA, 1u);
+        let per_row = p.k / run_values();
+        if o < M * rank && o < WG / t {
+            for (var j = 0u; j < LORA_EARLY; j++) {
+                let run = lid % t + j * t;
+                if run < per_row {
+                    runs[j] = a_run(o % rank, run);
+                }
+            }
+        }
+    }
+    return runs;
+}
+
+// With LORA_IN: lora_u = x @ aᵀ for the chunk's M rows (the sums shared as
+// low_rank_threads says, joined by a tree in `partial`), `early` holding
+// the first round's first runs of `a` (fetch_low_rank). Called by every
+// thread before the weights' products, once `partial` is free.
+fn project_low_rank(lid: u32, early: LowRankRuns) {
+    let outs = M * LORA;
+    let t = low_rank_threads();
     let per_round = WG / t;
     let sub = lid % t;
+    let per_row = p.k / run_values();
+    var h0 = 1u;
+    while h0 < t {
+        h0 <<= 1u;
+    }
     workgroupBarrier();
+    // threads past the last whole group of t take no sum
+    let grouped = lid < per_round * t;
     for (var o0 = 0u; o0 < outs; o0 += per_round) {
         let o = o0 + lid / t;
         var s = 0.0;
-        if o < outs {
+        if grouped && o < outs {
             // (LORA is 0 in the kernels that never call this)
             let rank = max(LORA, 1u);
             let xr = p.off_x + x_row(o / rank) * p.k;
-            let ar = (o % rank) * p.k;
-            for (var e = sub * 4u; e < p.k; e += 4u * t) {
-                s += dot(x4(xr + e), lu4(ar + e));
+            // the early runs (a constant count, so that `early` stays in
+            // registers), then the rest
+            for (var j = 0u; j < LORA_EARLY; j++) {
+                let run = sub + j * t;
+                if run < per_row {
+                    var a = early[j];
+                    if o0 > 0u {
+                        a = a_run(o % rank, run);
+                    }
+                    s += run_dot(xr + run * run_values(), a);
+                }
+            }
+            for (var run = sub + LORA_EARLY * t; run < per_row; run += t) {
+                s += run_dot(xr + run * run_values(), a_run(o % rank, run));
             }
         }
         partial[lid] = s;
         workgroupBarrier();
-        for (var h = t / 2u; h > 0u; h >>= 1u) {
-            if sub < h {
+        for (var h = h0 / 2u; h > 0u; h >>= 1u) {
+            if grouped && sub < h && sub + h < t {
                 partial[lid] += partial[lid + h];
             }
             workgroupBarrier();
         }
-        if sub == 0u && o < outs {
+        if grouped && sub == 0u && o < outs {
             lora_u[o] = partial[lid];
         }
         workgroupBarrier();
     }
 }
 
+// Words of `b` a lane adds (add_low_rank), loaded when the kernel starts
+// where they fit: B_EARLY at most.
+const B_EARLY: u32 = 16u;
+alias LowRankWords = array<u32, B_EARLY>;
+
+// Ranks of `b` each lane of a set takes.
+fn ranks_per_lane() -> u32 {
+    return (LORA + LANES - 1u) / LANES;
+}
+
+// Whether a lane's words of `b` fit LowRankWords.
+fn b_early() -> bool {
+    return LORA > 0u && R * ranks_per_lane() <= B_EARLY;
+}
+
+// Element i of `b` for rank q of the accumulator's weight row `row`.
+fn b_index(q: u32, row: u32) -> u32 {
+    return q * select(p.n, 2u * p.n, SWIGLU) + row;
+}
+
+// The words of `b` that add_low_rank reads for the lane set whose first
+// output column is col0, where b_early(): slot c * ranks_per_lane() + i
+// holds rank lane + i * LANES of weight row c.
+fn low_rank_words(lane: u32, col0: u32) -> LowRankWords {
+    var w: LowRankWords;
+    if b_early() {
+        for (var c = 0u; c < R; c++) {
+            let row = weight_row(col0, c);
+            for (var i = 0u; i < ranks_per_lane(); i++) {
+                let q = lane + i * LANES;
+                if q < LORA {
+                    w[c * ranks_per_lane() + i] = src_lb[word_index(b_index(q, row), IN_DT)];
+                }
+            }
+        }
+    }
+    return w;
+}
+
 // Adds the low-rank update to the accumulators of the lane set whose
 // first output column is col0, the ranks split across its lanes (so that
 // the lane sum joins them); u from an earlier kernel is divided by the
 // 1 / rms that result() applies.
-fn add_low_rank(lane: u32, col0: u32, acc: ptr<function, Accs>) {
-    let rows = select(p.n, 2u * p.n, SWIGLU);
+fn add_low_rank(lane: u32, col0: u32, words: LowRankWords, acc: ptr<function, Accs>) {
     for (var c = 0u; c < R; c++) {
         let row = weight_row(col0, c);
         for (var r = 0u; r < M; r++) {
             var s = 0.0;
-            for (var q = lane; q < LORA; q += LANES) {
-                let i = q * rows + row;
-                var u: f32;
-                if LORA_IN {
-                    u = lora_u[r * LORA + q];
-                } else {
-                    u = bitcast<f32>(src_lu[x_row(r) * LORA + q]);
+            for (var i = 0u; i < ranks_per_lane(); i++) {
+                let q = lane + i * LANES;
+                if q < LORA {
+                    let e = b_index(q, row);
+                    var w: u32;
+                    if b_early() {
+                        w = words[min(c * ranks_per_lane() + i, B_EARLY - 1u)];
+                    } else {
+                        w = src_lb[word_index(e, IN_DT)];
+                    }
+                    var u: f32;
+                    if LORA_IN {
+                        u = lora_u[r * LORA + q];
+                    } else {
+                        u = bitcast<f32>(src_lu[x_row(r) * LORA + q]);
+                    }
+                    s += u * decode(w, e, IN_DT);
                 }
-                s += u * decode(src_lb[word_index(i, IN_DT)], i, IN_DT);
             }
             // u from an earlier kernel is of the normed x: result()
             // scales the whole by 1 / rms again
@@ -270,16 +408,14 @@ fn with_residual(v: f32, e: u32, r: u32, early: array<u32, 9>, j: u32) -> f32 {
 // Sums each accumulator over the lane set (lanes `lane` of the set whose
 // first output column is col0) and writes the set's columns (`early`: see
 // residual_words).
-fn finish(lid: u32, lane: u32, col0: u32, acc_in: Accs, early: array<u32, 9>) {
+fn finish(lid: u32, lane: u32, col0: u32, acc_in: Accs, early: array<u32, 9>, lb: LowRankWords) {
     var acc = acc_in;
     if LORA > 0u {
-        if LORA_IN {
-            project_low_rank(lid);
-        } else if NORM {
+        if NORM && !LORA_IN {
             // qgemv_i8 publishes inv_rms only at the lane sums' barrier
             workgroupBarrier();
         }
-        add_low_rank(lane, col0, &acc);
+        add_low_rank(lane, col0, lb, &acc);
     }
     lane_sums(lid, lane, acc);
     if lane != 0u {
