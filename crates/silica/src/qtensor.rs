@@ -405,7 +405,12 @@ impl Tensor {
             let k = self.shape().last().copied().unwrap_or(0);
             let rows = self.numel() / k.max(1);
             let r = a.shape().first().copied().unwrap_or(0);
-            if r * k > LORA_IN_WORK || rows.min(8) * r > crate::backend::gpu::qmatmul::LORA_IN_MAX {
+            // (a prefill in f16 keeps `a`: qmatmul_composed projects in f16)
+            let prefill16 = self.dtype() == DType::F16 && prefill_product(self, rows, w.rows, k);
+            if !prefill16
+                && (r * k > LORA_IN_WORK
+                    || rows.min(8) * r > crate::backend::gpu::qmatmul::LORA_IN_MAX)
+            {
                 // too much for every workgroup to project again: u first
                 let u = self.project_low_rank(a, fuse.rms_norm.map(|n| n.1))?;
                 let fuse = QFuse {
@@ -654,6 +659,16 @@ pub(crate) fn qmatmul_composed(
     next += fusion.residual as usize;
     if fusion.low_rank {
         let u = match fusion.project {
+            // a prefill in f16 projects in f16 too: on tensor cores, without
+            // copies to f32
+            true if prefill16 => {
+                let x = inputs[0];
+                let x = match fusion.rms_norm {
+                    Some(eps) => x.rms_norm(&Tensor::ones(&[k], DType::F16, x.device())?, eps)?,
+                    None => x.clone(),
+                };
+                x.matmul(&inputs[next].t()?)?
+            }
             true => inputs[0].project_low_rank(inputs[next], fusion.rms_norm)?,
             false => inputs[next].clone(),
         };

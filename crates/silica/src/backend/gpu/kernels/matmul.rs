@@ -156,6 +156,13 @@ const COOP_TILES_MEMORY: u32 = 49_152;
 /// "Cooperative-matrix tile shapes").
 const WIDE_MIN_GROUPS: usize = 256;
 
+/// Columns from which an f16 product of 64 rows or more takes
+/// matmul_coop_vec.wgsl (tiles of 128 columns) rather than the 64x64 f32
+/// tiles of matmul.wgsl: a LoRA adapter's projection of a 1,702-token
+/// prompt (N the rank, 16 to 48) took 139 µs there, about 22 on tensor
+/// cores (docs/tuning.md, "LoRA at prefill").
+const VEC_COOP_MIN_N: usize = 16;
+
 /// The grid of a tiled matmul kernel (not the staged `matmul_coop` ones,
 /// whose tile depends on the adapter) over an `m` x `n` product: one
 /// workgroup per tile of 64x64 (`matmul`), 128 rows by 256 columns
@@ -326,7 +333,7 @@ pub(crate) fn matmul(
     } else if vec && wide_groups >= WIDE_MIN_GROUPS {
         let kernel = &MATMUL_COOP_WIDE;
         (kernel, tile_grid(kernel, m, n, batches))
-    } else if vec && m >= 64 && n >= 64 {
+    } else if vec && m >= 64 && n >= VEC_COOP_MIN_N {
         let kernel = &MATMUL_COOP_VEC;
         (kernel, tile_grid(kernel, m, n, batches))
     } else if let Some(s) = staged.filter(|_| m >= 64 && n >= 64) {
