@@ -332,10 +332,11 @@ fn reduce_cases(cases: &mut Vec<Case>) {
 }
 
 fn matmul_cases(cases: &mut Vec<Case>) {
-    let shapes: [(&[usize], &[usize]); 9] = [
+    let shapes: [(&[usize], &[usize]); 10] = [
         (&[65, 33], &[33, 67]),
-        // f16 on tensor cores with fewer than 64 columns (a LoRA projection)
+        // f16 on tensor cores with fewer than 64 columns (LoRA projections)
         (&[130, 72], &[72, 40]),
+        (&[130, 72], &[72, 8]),
         (&[1, 7], &[7, 13]),
         (&[130, 70], &[70, 3]),
         (&[2, 1, 5, 7], &[3, 7, 9]),

@@ -159,9 +159,10 @@ const WIDE_MIN_GROUPS: usize = 256;
 /// Columns from which an f16 product of 64 rows or more takes
 /// matmul_coop_vec.wgsl (tiles of 128 columns) rather than the 64x64 f32
 /// tiles of matmul.wgsl: a LoRA adapter's projection of a 1,702-token
-/// prompt (N the rank, 16 to 48) took 139 µs there, about 22 on tensor
-/// cores (docs/tuning.md, "LoRA at prefill").
-const VEC_COOP_MIN_N: usize = 16;
+/// prompt (N the rank, 8 to 48) took 139 µs there, about 22 on tensor
+/// cores (docs/tuning.md, "LoRA at prefill"). Below 8 columns a row of b
+/// is under 16 bytes.
+const VEC_COOP_MIN_N: usize = 8;
 
 /// The grid of a tiled matmul kernel (not the staged `matmul_coop` ones,
 /// whose tile depends on the adapter) over an `m` x `n` product: one
