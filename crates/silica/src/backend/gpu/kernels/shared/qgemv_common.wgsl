@@ -116,12 +116,7 @@ fn g4(e: u32) -> vec4<f32> {
     if IN_DT == 0u {
         return vec4<f32>(bitcast<f32>(src_g[i]), bitcast<f32>(src_g[i + 1u]), bitcast<f32>(src_g[i + 2u]), bitcast<f32>(src_g[i + 3u]));
     }
-    let a = src_g[i >> 1u];
-    let b = src_g[(i >> 1u) + 1u];
-    if IN_DT == 1u {
-        return vec4<f32>(unpack2x16float(a), unpack2x16float(b));
-    }
-    return vec4<f32>(bitcast<f32>(a << 16u), bitcast<f32>(a & 0xffff0000u), bitcast<f32>(b << 16u), bitcast<f32>(b & 0xffff0000u));
+    return halves4(vec2<u32>(src_g[i >> 1u], src_g[(i >> 1u) + 1u]));
 }
 
 // The weight row of accumulator c of the lane set whose first output
@@ -133,20 +128,6 @@ fn weight_row(col0: u32, c: u32) -> u32 {
         return row + p.n;
     }
     return row;
-}
-
-// Elements e..e+3 of a (e a multiple of 4; a starts at element 0, and its
-// rows of K at a multiple of 8 elements).
-fn lu4(e: u32) -> vec4<f32> {
-    if IN_DT == 0u {
-        return vec4<f32>(bitcast<f32>(src_lu[e]), bitcast<f32>(src_lu[e + 1u]), bitcast<f32>(src_lu[e + 2u]), bitcast<f32>(src_lu[e + 3u]));
-    }
-    let a = src_lu[e >> 1u];
-    let b = src_lu[(e >> 1u) + 1u];
-    if IN_DT == 1u {
-        return vec4<f32>(unpack2x16float(a), unpack2x16float(b));
-    }
-    return vec4<f32>(bitcast<f32>(a << 16u), bitcast<f32>(a & 0xffff0000u), bitcast<f32>(b << 16u), bitcast<f32>(b & 0xffff0000u));
 }
 
 // With LORA_IN, how the projection x @ aᵀ of the chunk's M * LORA sums
@@ -180,14 +161,7 @@ fn run_half(words: vec4<u32>, hi: bool) -> vec4<f32> {
     if IN_DT == 0u {
         return bitcast<vec4<f32>>(words);
     }
-    var w = words.xy;
-    if hi {
-        w = words.zw;
-    }
-    if IN_DT == 1u {
-        return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
-    }
-    return vec4<f32>(bitcast<f32>(w.x << 16u), bitcast<f32>(w.x & 0xffff0000u), bitcast<f32>(w.y << 16u), bitcast<f32>(w.y & 0xffff0000u));
+    return halves4(select(words.xy, words.zw, hi));
 }
 
 // The dot of x's run from element e with a run of `a`'s words.

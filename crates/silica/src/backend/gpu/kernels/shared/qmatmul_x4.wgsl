@@ -11,6 +11,11 @@ fn x4(e: u32) -> vec4<f32> {
     if (e & 4u) != 0u {
         w = q.zw;
     }
+    return halves4(w);
+}
+
+// Four 16-bit values of x's dtype (IN_DT f16 or bf16), two a word, as f32.
+fn halves4(w: vec2<u32>) -> vec4<f32> {
     if IN_DT == 1u {
         return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
     }
