@@ -20,6 +20,19 @@ impl Linear {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         Ok(x.linear(&self.w, &self.b)?)
     }
+
+    /// On the CPU, `w` [n, k] as a view of its transpose stored contiguous:
+    /// the `gemm` crate then reads it in place, where it packs a row-major
+    /// weight again at every product (two fifths of a one-sentence encode).
+    fn for_device(self, device: &Device) -> Result<Linear> {
+        if !device.is_cpu() {
+            return Ok(self);
+        }
+        Ok(Linear {
+            w: self.w.t()?.contiguous()?.t()?,
+            b: self.b,
+        })
+    }
 }
 
 /// LayerNorm over the last dimension (one fused op, computed in f32
@@ -203,19 +216,25 @@ impl Bert {
                 b: Tensor::cat(&[&q.b.mul_scalar(scale)?, &k.b, &v.b], 0)?,
             };
             layers.push(Layer {
-                qkv,
-                attn_out: ld.linear(&format!("{p}.{}", names.attn_out), h, h)?,
+                qkv: qkv.for_device(device)?,
+                attn_out: ld
+                    .linear(&format!("{p}.{}", names.attn_out), h, h)?
+                    .for_device(device)?,
                 attn_ln: ld.layer_norm(&format!("{p}.{}", names.attn_ln), h, eps)?,
-                intermediate: ld.linear(
-                    &format!("{p}.{}", names.intermediate),
-                    config.intermediate_size,
-                    h,
-                )?,
-                output: ld.linear(
-                    &format!("{p}.{}", names.output),
-                    h,
-                    config.intermediate_size,
-                )?,
+                intermediate: ld
+                    .linear(
+                        &format!("{p}.{}", names.intermediate),
+                        config.intermediate_size,
+                        h,
+                    )?
+                    .for_device(device)?,
+                output: ld
+                    .linear(
+                        &format!("{p}.{}", names.output),
+                        h,
+                        config.intermediate_size,
+                    )?
+                    .for_device(device)?,
                 out_ln: ld.layer_norm(&format!("{p}.{}", names.out_ln), h, eps)?,
             });
         }

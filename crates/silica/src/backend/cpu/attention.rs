@@ -217,11 +217,11 @@ fn softmax_rows(isa: crate::CpuIsa, x: &Inputs<'_>, at: [usize; 3], s: &mut [f32
         }
     }
     let _ = isa;
-    softmax_rows_any(x, at, s)
+    softmax_rows_any::<FMA_IN_TARGET>(x, at, s)
 }
 
 #[inline(always)]
-fn softmax_rows_any(x: &Inputs<'_>, at: [usize; 3], s: &mut [f32]) {
+fn softmax_rows_any<const FUSED: bool>(x: &Inputs<'_>, at: [usize; 3], s: &mut [f32]) {
     let [bi, hi, i0] = at;
     let tk = x.dims[4];
     if tk == 0 {
@@ -229,7 +229,7 @@ fn softmax_rows_any(x: &Inputs<'_>, at: [usize; 3], s: &mut [f32]) {
     }
     for (r, row) in s.chunks_exact_mut(tk).enumerate() {
         add_mask(x, bi, hi, i0 + r, row);
-        let inv = softmax_in_place(row);
+        let inv = softmax_in_place::<FUSED>(row);
         for p in row.iter_mut() {
             *p *= inv;
         }
@@ -270,7 +270,7 @@ fn group(
             return unsafe { x86::group_avx2(x, scale, causal, pos, kv, scores, o) };
         }
     }
-    group_any(x, scale, causal, pos, kv, scores, o)
+    group_any::<FMA_IN_TARGET>(x, scale, causal, pos, kv, scores, o)
 }
 
 /// Where query position `pos` is: its batch, its row, and how many keys
@@ -295,17 +295,17 @@ fn add_mask(x: &Inputs<'_>, bi: usize, hi: usize, i: usize, scores: &mut [f32]) 
 
 /// `scores` ← their softmax's numerators; returns 1 / their sum.
 #[inline(always)]
-fn softmax_in_place(scores: &mut [f32]) -> f32 {
+fn softmax_in_place<const FUSED: bool>(scores: &mut [f32]) -> f32 {
     let max = scores.iter().fold(f32::NEG_INFINITY, |a, &s| a.max(s));
     for s in scores.iter_mut() {
-        *s = exp(*s - max);
+        *s = exp::<FUSED>(*s - max);
     }
     // 0 / 0 = NaN when no key is visible, as in PyTorch
     1.0 / sum(scores)
 }
 
 #[inline(always)]
-fn group_any(
+fn group_any<const FUSED: bool>(
     x: &Inputs<'_>,
     scale: f32,
     causal: bool,
@@ -328,7 +328,7 @@ fn group_any(
             *s = dot(q, &x.k[at(j)..][..d]) * scale;
         }
         add_mask(x, bi, hi, i, scores);
-        let inv = softmax_in_place(scores);
+        let inv = softmax_in_place::<FUSED>(scores);
         o.fill(0.0);
         for (j, &p) in scores.iter().enumerate() {
             for (a, &v) in o.iter_mut().zip(&x.v[at(j)..][..d]) {
@@ -353,12 +353,12 @@ mod x86 {
 
     #[target_feature(enable = "avx512f,avx512vl,avx512dq,avx2,fma")]
     pub(super) fn softmax_rows_avx512(x: &Inputs<'_>, at: [usize; 3], s: &mut [f32]) {
-        super::softmax_rows_any(x, at, s)
+        super::softmax_rows_any::<true>(x, at, s)
     }
 
     #[target_feature(enable = "avx2,fma")]
     pub(super) fn softmax_rows_avx2(x: &Inputs<'_>, at: [usize; 3], s: &mut [f32]) {
-        super::softmax_rows_any(x, at, s)
+        super::softmax_rows_any::<true>(x, at, s)
     }
 
     /// Heads handled together (their accumulators stay in registers).
@@ -455,7 +455,7 @@ mod x86 {
         for (g, f) in inv.iter_mut().enumerate() {
             let s = &mut scores[g * n..(g + 1) * n];
             add_mask(x, bi, kv * group + g, i, s);
-            *f = softmax_in_place(s);
+            *f = softmax_in_place::<true>(s);
         }
         // the weighted sums of the value rows: 4 chunks of 16 of up to 4
         // heads in registers
@@ -589,7 +589,7 @@ mod x86 {
         for (g, f) in inv.iter_mut().enumerate() {
             let s = &mut scores[g * n..(g + 1) * n];
             add_mask(x, bi, kv * group + g, i, s);
-            *f = softmax_in_place(s);
+            *f = softmax_in_place::<true>(s);
         }
         // the weighted sums of the value rows: 4 chunks of 8 of up to 2
         // heads in registers
@@ -727,26 +727,43 @@ fn fold(mut acc: [f32; 16]) -> f32 {
     acc[0]
 }
 
+/// Whether `f32::mul_add` is one instruction wherever the build's target
+/// runs. Elsewhere (x86-64 without FMA) it calls libm's software `fmaf`,
+/// which costs tens of cycles and keeps loops scalar, so the portable
+/// kernels multiply and add instead.
+pub(super) const FMA_IN_TARGET: bool = cfg!(any(target_feature = "fma", target_arch = "aarch64"));
+
+/// `a·b + c`, fused when `FUSED` (see [`FMA_IN_TARGET`]).
+#[inline(always)]
+pub(super) fn madd<const FUSED: bool>(a: f32, b: f32, c: f32) -> f32 {
+    if FUSED { a.mul_add(b, c) } else { a * b + c }
+}
+
 /// `e^x` within 2 ulp (Cephes' polynomial on x - n ln 2), 0 below -87
 /// (where f32 becomes subnormal), for -∞ and for NaN, +∞ above 88.
-/// Branch-free, so that loops over it vectorize.
+/// Branch-free and free of libm calls, so that loops over it vectorize;
+/// `FUSED` as in [`madd`].
 #[inline(always)]
-pub(super) fn exp(x: f32) -> f32 {
+pub(super) fn exp<const FUSED: bool>(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     // ln 2 in two parts: n * C1 is exact for the n that occur
     const C1: f32 = 0.693_359_4;
     const C2: f32 = -2.121_944_4e-4;
     let live = x >= -87.0;
     let xc = x.clamp(-87.0, 88.0);
-    let n = (xc * LOG2E + 0.5).floor();
+    // floor of v in [-125, 128) through truncation: `floor` is a libm call
+    // on x86-64 without SSE4.1
+    let v = xc * LOG2E + 0.5;
+    let t = v as i32 as f32;
+    let n = if t > v { t - 1.0 } else { t };
     let r = xc - n * C1 - n * C2;
     let mut p = 1.987_569_1e-4f32;
-    p = p.mul_add(r, 1.398_199_9e-3);
-    p = p.mul_add(r, 8.333_452e-3);
-    p = p.mul_add(r, 4.166_579_6e-2);
-    p = p.mul_add(r, 1.666_666_5e-1);
-    p = p.mul_add(r, 0.5);
-    let e = (p * r).mul_add(r, r) + 1.0;
+    p = madd::<FUSED>(p, r, 1.398_199_9e-3);
+    p = madd::<FUSED>(p, r, 8.333_452e-3);
+    p = madd::<FUSED>(p, r, 4.166_579_6e-2);
+    p = madd::<FUSED>(p, r, 1.666_666_5e-1);
+    p = madd::<FUSED>(p, r, 0.5);
+    let e = madd::<FUSED>(p * r, r, r) + 1.0;
     // 2^n: n in [-126, 127] here
     let two_n = f32::from_bits(((n as i32 + 127) as u32) << 23);
     let e = if x > 88.0 { f32::INFINITY } else { e * two_n };
@@ -899,8 +916,8 @@ mod tests {
         }
     }
 
-    #[test]
-    fn exp_is_close_to_the_f64_exp() {
+    fn exp_close_to_the_f64_exp<const FUSED: bool>() {
+        let exp = exp::<FUSED>;
         let mut worst = 0f64;
         let mut x = -87.0f32;
         while x <= 88.0 {
@@ -909,7 +926,7 @@ mod tests {
             worst = worst.max(((got - want) / want).abs());
             x += 0.001_37;
         }
-        assert!(worst < 3e-7, "worst relative error {worst}");
+        assert!(worst < 3e-7, "fused {FUSED}: worst relative error {worst}");
         assert_eq!(exp(0.0), 1.0);
         assert_eq!(exp(f32::NEG_INFINITY), 0.0);
         assert_eq!(exp(-1000.0), 0.0);
@@ -917,5 +934,16 @@ mod tests {
         assert_eq!(exp(f32::INFINITY), f32::INFINITY);
         let big = f64::from(exp(88.0));
         assert!((big / 88f64.exp() - 1.0).abs() < 3e-7);
+        // where the truncating floor must step down: negative non-integers
+        for x in [-0.4f32, -0.35, -1.0, -3.3, -60.7, -86.9] {
+            let want = f64::from(x).exp();
+            assert!((f64::from(exp(x)) / want - 1.0).abs() < 3e-7, "exp({x})");
+        }
+    }
+
+    #[test]
+    fn exp_is_close_to_the_f64_exp() {
+        exp_close_to_the_f64_exp::<true>();
+        exp_close_to_the_f64_exp::<false>();
     }
 }

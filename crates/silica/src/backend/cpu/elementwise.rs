@@ -171,25 +171,25 @@ fn silu_mul_run(a: &[f32], b: &[f32], y: &mut [f32]) {
             return unsafe { silu_mul_avx2(a, b, y) };
         }
     }
-    silu_mul_any(a, b, y)
+    silu_mul_any::<{ super::attention::FMA_IN_TARGET }>(a, b, y)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
 fn silu_mul_avx512(a: &[f32], b: &[f32], y: &mut [f32]) {
-    silu_mul_any(a, b, y)
+    silu_mul_any::<true>(a, b, y)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 fn silu_mul_avx2(a: &[f32], b: &[f32], y: &mut [f32]) {
-    silu_mul_any(a, b, y)
+    silu_mul_any::<true>(a, b, y)
 }
 
 #[inline(always)]
-fn silu_mul_any(a: &[f32], b: &[f32], y: &mut [f32]) {
+fn silu_mul_any<const FUSED: bool>(a: &[f32], b: &[f32], y: &mut [f32]) {
     for ((y, &a), &b) in y.iter_mut().zip(a).zip(b) {
-        *y = a / (1.0 + super::attention::exp(-a)) * b;
+        *y = a / (1.0 + super::attention::exp::<FUSED>(-a)) * b;
     }
 }
 
@@ -222,38 +222,38 @@ fn gelu_erf_run(x: &[f32], y: &mut [f32]) {
             return unsafe { gelu_erf_avx2(x, y) };
         }
     }
-    gelu_erf_any(x, y)
+    gelu_erf_any::<{ super::attention::FMA_IN_TARGET }>(x, y)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
 fn gelu_erf_avx512(x: &[f32], y: &mut [f32]) {
-    gelu_erf_any(x, y)
+    gelu_erf_any::<true>(x, y)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 fn gelu_erf_avx2(x: &[f32], y: &mut [f32]) {
-    gelu_erf_any(x, y)
+    gelu_erf_any::<true>(x, y)
 }
 
 #[inline(always)]
-fn gelu_erf_any(x: &[f32], y: &mut [f32]) {
+fn gelu_erf_any<const FUSED: bool>(x: &[f32], y: &mut [f32]) {
     for (y, &x) in y.iter_mut().zip(x) {
-        *y = 0.5 * x * (1.0 + erf_f32(x * std::f32::consts::FRAC_1_SQRT_2));
+        *y = 0.5 * x * (1.0 + erf_f32::<FUSED>(x * std::f32::consts::FRAC_1_SQRT_2));
     }
 }
 
 /// erf to within 1.5e-7 (Abramowitz and Stegun 7.1.26), branch-free so
 /// that loops over it vectorize.
 #[inline(always)]
-fn erf_f32(x: f32) -> f32 {
+fn erf_f32<const FUSED: bool>(x: f32) -> f32 {
     let a = x.abs();
     let t = 1.0 / (1.0 + 0.327_591_1 * a);
     let poly = t
         * (0.254_829_6
             + t * (-0.284_496_74 + t * (1.421_413_8 + t * (-1.453_152 + t * 1.061_405_4))));
-    (1.0 - poly * super::attention::exp(-a * a)).copysign(x)
+    (1.0 - poly * super::attention::exp::<FUSED>(-a * a)).copysign(x)
 }
 
 /// Conversion between any two dtypes: float targets round to nearest even,
