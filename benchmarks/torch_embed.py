@@ -25,7 +25,8 @@ def main():
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    model = SentenceTransformer(args.model, device=args.device)
+    # f32 as silica computes, whatever dtype the folder's weights are stored in
+    model = SentenceTransformer(args.model, device=args.device).float()
     model.encode(SENTENCES, batch_size=32)  # warm-up
     rates = []
     for _ in range(args.rounds):

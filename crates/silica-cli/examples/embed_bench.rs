@@ -4,11 +4,12 @@
 //! latency of each of the first 32 sentences embedded alone.
 //!
 //! ```sh
-//! cargo run --release -p silica-cli --example embed_bench -- [SENTENCES.txt] [DEVICE] [ROUNDS]
+//! cargo run --release -p silica-cli --example embed_bench -- [SENTENCES.txt] [DEVICE] [ROUNDS] [MODEL]
 //! ```
 //!
 //! SENTENCES.txt defaults to `benchmarks/sentences.txt`, DEVICE to the best
-//! one (`cpu`, `gpu`, ...), ROUNDS to 5.
+//! one (`cpu`, `gpu`, ...), ROUNDS to 5, MODEL (a sentence-transformers
+//! folder) to the built-in all-MiniLM-L6-v2.
 
 use std::time::Instant;
 
@@ -40,8 +41,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if sentences.is_empty() || rounds == 0 {
         return Err("no sentences, or no rounds".into());
     }
-    let encoder =
-        SentenceEncoder::load(resolve_encoder(None)?, &device, DType::F32)?.with_batch_size(32);
+    let model = resolve_encoder(args.get(4).map(String::as_str))?;
+    let encoder = SentenceEncoder::load(model, &device, DType::F32)?.with_batch_size(32);
     encoder.embed(&sentences)?;
     let mut rates = Vec::with_capacity(rounds);
     for _ in 0..rounds {
