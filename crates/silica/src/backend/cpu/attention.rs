@@ -59,17 +59,39 @@ fn attention_on(isa: crate::CpuIsa, x: &Inputs<'_>, scale: f32, causal: bool, y:
     }
     let chunk = h / kvh * d;
     let run = |scores: &mut Vec<f32>, t: usize, o: &mut [f32]| {
-        group(isa, x, scale, causal, t / kvh, t % kvh, scores, o);
+        group(
+            isa,
+            x,
+            scale,
+            causal,
+            t / kvh,
+            t % kvh,
+            (t % kvh) * (h / kvh),
+            scores,
+            o,
+        );
     };
     if y.len() >= PAR_MIN {
         y.par_chunks_mut(chunk)
             .enumerate()
             .for_each_init(Vec::new, |s, (t, o)| run(s, t, o));
     } else if y.len() * tk >= DECODE_PAR_MIN {
-        // a decode step over a long context: on the spinning pool
-        super::spin::for_each_chunk(y, chunk, |t, o| {
-            SCORES.with_borrow_mut(|s| run(s, t, o));
-        });
+        // a decode step over a long context: on the spinning pool, a task
+        // per query head where the KV heads are too few to keep every
+        // thread busy (SmolLM2's 3 on 2 threads: one thread did two
+        // thirds); each head then reads its KV head's rows itself
+        let per_kv = h / kvh;
+        if per_kv > 1 && y.len() / chunk < 2 * rayon::current_num_threads() {
+            super::spin::for_each_chunk(y, d, |t, o| {
+                let (pos, hi) = (t / h, t % h);
+                SCORES
+                    .with_borrow_mut(|s| group(isa, x, scale, causal, pos, hi / per_kv, hi, s, o));
+            });
+        } else {
+            super::spin::for_each_chunk(y, chunk, |t, o| {
+                SCORES.with_borrow_mut(|s| run(s, t, o));
+            });
+        }
     } else {
         let mut scores = Vec::new();
         for (t, o) in y.chunks_mut(chunk).enumerate() {
@@ -245,8 +267,9 @@ thread_local! {
     static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// The heads of query position `pos` (batch-major) that read KV head `kv`
-/// into `o` [h / kvh, d].
+/// Heads `first..` of query position `pos` (batch-major), which read KV
+/// head `kv`, into `o` [heads, d]: all the heads that share the KV head, or
+/// one of them.
 #[allow(clippy::too_many_arguments)]
 fn group(
     isa: crate::CpuIsa,
@@ -255,6 +278,7 @@ fn group(
     causal: bool,
     pos: usize,
     kv: usize,
+    first: usize,
     scores: &mut Vec<f32>,
     o: &mut [f32],
 ) {
@@ -263,14 +287,14 @@ fn group(
         if isa >= crate::CpuIsa::Avx512 {
             // SAFETY: cpu_isa is never above what the processor has, which covers
             // the features the function is compiled for
-            return unsafe { x86::group_avx512(x, scale, causal, pos, kv, scores, o) };
+            return unsafe { x86::group_avx512(x, scale, causal, pos, kv, first, scores, o) };
         }
         if isa >= crate::CpuIsa::Avx2 {
             // SAFETY: as above
-            return unsafe { x86::group_avx2(x, scale, causal, pos, kv, scores, o) };
+            return unsafe { x86::group_avx2(x, scale, causal, pos, kv, first, scores, o) };
         }
     }
-    group_any::<FMA_IN_TARGET>(x, scale, causal, pos, kv, scores, o)
+    group_any::<FMA_IN_TARGET>(x, scale, causal, pos, kv, first, scores, o)
 }
 
 /// Where query position `pos` is: its batch, its row, and how many keys
@@ -311,18 +335,18 @@ fn group_any<const FUSED: bool>(
     causal: bool,
     pos: usize,
     kv: usize,
+    first: usize,
     scores: &mut Vec<f32>,
     o: &mut [f32],
 ) {
-    let [_, _, h, d, _, kvh] = x.dims;
+    let [_, _, h, d, _, _] = x.dims;
     let (bi, i, visible) = place(x, causal, pos);
-    let group = h / kvh;
     scores.clear();
     scores.resize(visible, 0.0);
     let [sb, sj, sh] = x.kv_strides;
     let at = |j: usize| bi * sb + j * sj + kv * sh;
     for (g, o) in o.chunks_exact_mut(d).enumerate() {
-        let hi = kv * group + g;
+        let hi = first + g;
         let q = &x.q[(pos * h + hi) * d..][..d];
         for (j, s) in scores.iter_mut().enumerate() {
             *s = dot(q, &x.k[at(j)..][..d]) * scale;
@@ -373,12 +397,13 @@ mod x86 {
         causal: bool,
         pos: usize,
         kv: usize,
+        first: usize,
         scores: &mut Vec<f32>,
         o: &mut [f32],
     ) {
-        let [_, _, h, d, _, kvh] = x.dims;
+        let [_, _, h, d, _, _] = x.dims;
         let (bi, i, n) = place(x, causal, pos);
-        let group = h / kvh;
+        let group = o.len() / d.max(1);
         let [sb, sj, sh] = x.kv_strides;
         let base = bi * sb + kv * sh;
         // the last key's row ends inside k and v (checked once, so that
@@ -401,7 +426,7 @@ mod x86 {
         scores.resize(group * n + group, 0.0);
         for h0 in (0..group).step_by(HB) {
             let hb = (group - h0).min(HB);
-            let q = |g: usize| x.q[(pos * h + kv * group + h0 + g) * d..].as_ptr();
+            let q = |g: usize| x.q[(pos * h + first + h0 + g) * d..].as_ptr();
             // scores: 4 keys at a time
             let mut j = 0;
             while j + 4 <= n {
@@ -454,7 +479,7 @@ mod x86 {
         let (scores, inv) = scores.split_at_mut(group * n);
         for (g, f) in inv.iter_mut().enumerate() {
             let s = &mut scores[g * n..(g + 1) * n];
-            add_mask(x, bi, kv * group + g, i, s);
+            add_mask(x, bi, first + g, i, s);
             *f = softmax_in_place::<true>(s);
         }
         // the weighted sums of the value rows: 4 chunks of 16 of up to 4
@@ -506,12 +531,13 @@ mod x86 {
         causal: bool,
         pos: usize,
         kv: usize,
+        first: usize,
         scores: &mut Vec<f32>,
         o: &mut [f32],
     ) {
-        let [_, _, h, d, _, kvh] = x.dims;
+        let [_, _, h, d, _, _] = x.dims;
         let (bi, i, n) = place(x, causal, pos);
-        let group = h / kvh;
+        let group = o.len() / d.max(1);
         let [sb, sj, sh] = x.kv_strides;
         let base = bi * sb + kv * sh;
         // the last key's row ends inside k and v (checked once, so that
@@ -538,7 +564,7 @@ mod x86 {
         scores.resize(group * n + group, 0.0);
         for h0 in (0..group).step_by(HB2) {
             let hb = (group - h0).min(HB2);
-            let q = |g: usize| x.q[(pos * h + kv * group + h0 + g) * d..].as_ptr();
+            let q = |g: usize| x.q[(pos * h + first + h0 + g) * d..].as_ptr();
             // scores: 4 keys at a time
             let mut j = 0;
             while j + 4 <= n {
@@ -588,7 +614,7 @@ mod x86 {
         let (scores, inv) = scores.split_at_mut(group * n);
         for (g, f) in inv.iter_mut().enumerate() {
             let s = &mut scores[g * n..(g + 1) * n];
-            add_mask(x, bi, kv * group + g, i, s);
+            add_mask(x, bi, first + g, i, s);
             *f = softmax_in_place::<true>(s);
         }
         // the weighted sums of the value rows: 4 chunks of 8 of up to 2
@@ -840,6 +866,7 @@ mod tests {
             (1, 2, 40, 6, 6, 7),
             (1, 3, 11, 10, 2, 80),
             (1, 1, 300, 9, 3, 64),
+            (1, 1, 200, 10, 2, 80),
             (1, 2, 9, 2, 1, 256),
             // prompts without a causal mask: the matrix products of each
             // (batch row, head)
