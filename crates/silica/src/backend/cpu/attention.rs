@@ -329,6 +329,7 @@ fn softmax_in_place<const FUSED: bool>(scores: &mut [f32]) -> f32 {
 }
 
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn group_any<const FUSED: bool>(
     x: &Inputs<'_>,
     scale: f32,
@@ -391,6 +392,7 @@ mod x86 {
     const HB2: usize = 2;
 
     #[target_feature(enable = "avx512f,avx512vl,avx512dq,avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn group_avx512(
         x: &Inputs<'_>,
         scale: f32,
@@ -525,6 +527,7 @@ mod x86 {
     }
 
     #[target_feature(enable = "avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn group_avx2(
         x: &Inputs<'_>,
         scale: f32,
