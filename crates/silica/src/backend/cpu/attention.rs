@@ -57,7 +57,8 @@ fn attention_on(isa: crate::CpuIsa, x: &Inputs<'_>, scale: f32, causal: bool, y:
     if x.dims[1] >= BLOCK_MIN_TQ && !causal {
         return blocks(isa, x, scale, y);
     }
-    let chunk = h / kvh * d;
+    let per_kv = h / kvh;
+    let chunk = per_kv * d;
     let run = |scores: &mut Vec<f32>, t: usize, o: &mut [f32]| {
         group(
             isa,
@@ -66,7 +67,7 @@ fn attention_on(isa: crate::CpuIsa, x: &Inputs<'_>, scale: f32, causal: bool, y:
             causal,
             t / kvh,
             t % kvh,
-            (t % kvh) * (h / kvh),
+            (t % kvh) * per_kv,
             scores,
             o,
         );
@@ -80,7 +81,6 @@ fn attention_on(isa: crate::CpuIsa, x: &Inputs<'_>, scale: f32, causal: bool, y:
         // per query head where the KV heads are too few to keep every
         // thread busy (SmolLM2's 3 on 2 threads: one thread did two
         // thirds); each head then reads its KV head's rows itself
-        let per_kv = h / kvh;
         if per_kv > 1 && y.len() / chunk < 2 * rayon::current_num_threads() {
             super::spin::for_each_chunk(y, d, |t, o| {
                 let (pos, hi) = (t / h, t % h);
