@@ -88,6 +88,12 @@ pub struct GpuOptions {
     /// cooperative-matrix kernel, [`MIN_COOP_ROWS`] to [`MAX_COOP_ROWS`].
     /// `SILICA_COOP_ROWS=N`.
     pub coop_rows: u32,
+    /// Quantized products of 9 to 63 rows of f16 x in the 32-value block
+    /// formats take qmatmul_narrow.wgsl (16-row tensor-core tiles, a
+    /// subgroup each) where the adapter has cooperative matrices and
+    /// subgroup barriers. `SILICA_NO_NARROW=1` keeps the 128-row tiles and
+    /// the GEMV chunks.
+    pub narrow_kernel: bool,
     /// A missing kernel is an error instead of a CPU fallback.
     /// `SILICA_STRICT=1`.
     pub strict: bool,
@@ -113,6 +119,7 @@ impl Default for GpuOptions {
             gemv_rows: DEFAULT_GEMV_ROWS,
             split_k: DEFAULT_SPLIT_K,
             coop_rows: DEFAULT_COOP_ROWS,
+            narrow_kernel: true,
             strict: false,
             check: false,
             profile: false,
@@ -162,6 +169,7 @@ impl GpuOptions {
                 MIN_COOP_ROWS,
                 MAX_COOP_ROWS,
             ),
+            narrow_kernel: !on("SILICA_NO_NARROW"),
             strict: on("SILICA_STRICT"),
             check: on("SILICA_CHECK"),
             profile: on("SILICA_PROFILE"),
@@ -270,6 +278,7 @@ mod tests {
             ("SILICA_CHECK", "on"),
             ("SILICA_PROFILE", "1"),
             ("SILICA_NO_PIPELINE_CACHE", "1"),
+            ("SILICA_NO_NARROW", "1"),
         ]);
         let want = GpuOptions {
             cooperative_matrix: false,
@@ -281,6 +290,7 @@ mod tests {
             gemv_rows: 16,
             split_k: 2,
             coop_rows: 32,
+            narrow_kernel: false,
             strict: true,
             check: true,
             profile: true,

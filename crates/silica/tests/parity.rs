@@ -529,8 +529,23 @@ fn qmatmul_narrow_cases(cases: &mut Vec<Case>) {
         QuantFormat::Q4_K,
         QuantFormat::Q6_K,
     ] {
-        for (m, n) in [(40, 2050), (17, 2100)] {
-            let k = 2048;
+        // small ones too (the GEMV chunks and the 128-row tiles at odd
+        // shapes)
+        let k_quant = format.block_elems() == 256;
+        let small = if k_quant {
+            [(16, 72, 256), (33, 130, 768), (63, 200, 512)]
+        } else {
+            [(16, 72, 96), (33, 130, 576), (63, 200, 320)]
+        };
+        // and for the 32-value formats, the narrow kernel's one and four
+        // fragments, with a part of K that ends inside a step of 128
+        let more: &[(usize, usize, usize)] = if k_quant {
+            &[]
+        } else {
+            &[(16, 2100, 2016), (63, 2050, 2048)]
+        };
+        let wide = [(40, 2050, 2048), (17, 2100, 2048)];
+        for (m, n, k) in wide.into_iter().chain(small).chain(more.iter().copied()) {
             let name = format!("matmul_q narrow {format} f16 [{m}, {k}] x [{n}, {k}]");
             case(cases, name, quantized(DType::F16, m), move |d| {
                 let w = QTensor::random(format, &[n, k], 32, d)?;

@@ -55,6 +55,7 @@ fn every_kernel() -> Vec<&'static Kernel> {
         &elementwise::UNARY,
         &matmul::GEMV,
         &qmatmul::QMATMUL_COOP,
+        &qmatmul::QMATMUL_NARROW,
         &qmatmul::SPLIT_SUM,
         &qmatmul::QMATMUL,
         &nn::FLASH_COOP,

@@ -12,7 +12,9 @@
 //! ```
 //!
 //! `SILICA_STATS_FILTER` keeps the specializations whose name and constants
-//! (as printed) contain the text. Each is translated as the Vulkan backend
+//! (as printed) contain the text. `SILICA_STATS_DUMP=DIR` also writes each
+//! one's SPIR-V (`N.spv`) and the driver's pipeline cache after building it
+//! (`N.cache`, where a driver keeps its machine code) into DIR. Each is translated as the Vulkan backend
 //! of wgpu translates it on a Vulkan 1.3 device (SPIR-V 1.6, subgroup
 //! forms, bounds checks only for untrusted kernels), with its parameters in
 //! the uniform buffer rather than in immediates.
@@ -68,6 +70,10 @@ fn pipeline_statistics() {
     use naga::back::spv;
 
     let filter = std::env::var("SILICA_STATS_FILTER").unwrap_or_default();
+    let dump = std::env::var_os("SILICA_STATS_DUMP").map(std::path::PathBuf::from);
+    if let Some(dir) = &dump {
+        std::fs::create_dir_all(dir).expect("the dump folder");
+    }
     // SAFETY: loading the system's Vulkan loader
     let entry = unsafe { ash::Entry::load() }.expect("a Vulkan loader");
     let app = vk::ApplicationInfo::default().api_version(vk::API_VERSION_1_3);
@@ -236,14 +242,30 @@ fn pipeline_statistics() {
                 })
                 .stage(stage)
                 .layout(layout)];
+            // with SILICA_STATS_DUMP, each pipeline's SPIR-V and the
+            // driver's cache of it (where NVIDIA keeps the machine code)
+            let cache = match &dump {
+                Some(_) => device
+                    .create_pipeline_cache(&vk::PipelineCacheCreateInfo::default(), None)
+                    .expect("a pipeline cache"),
+                None => vk::PipelineCache::null(),
+            };
             let pipeline = device
-                .create_compute_pipelines(vk::PipelineCache::null(), &create, None)
+                .create_compute_pipelines(cache, &create, None)
                 .map_err(|(_, e)| e)
                 .unwrap_or_else(|e| panic!("{what}: pipeline: {e}"))[0];
             if with_stats {
                 for line in statistics(&ext, pipeline) {
                     println!("{what}: {line}");
                 }
+            }
+            if let Some(dir) = &dump {
+                let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+                std::fs::write(dir.join(format!("{count}.spv")), bytes).expect("SPIR-V written");
+                let data = device.get_pipeline_cache_data(cache).expect("cache data");
+                std::fs::write(dir.join(format!("{count}.cache")), data).expect("cache written");
+                println!("{what}: dumped as {count}");
+                device.destroy_pipeline_cache(cache, None);
             }
             device.destroy_pipeline(pipeline, None);
             device.destroy_pipeline_layout(layout, None);

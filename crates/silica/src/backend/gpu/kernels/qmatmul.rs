@@ -84,6 +84,24 @@ pub(crate) static QMATMUL_COOP: Kernel = Kernel {
     needs: KernelNeeds::COOP16,
 };
 
+pub(crate) static QMATMUL_NARROW: Kernel = Kernel {
+    name: "qmatmul_narrow",
+    source: concat!(
+        "enable f16;\nenable wgpu_cooperative_matrix;\n",
+        include_str!("shared/coop16.wgsl"),
+        include_str!("shared/common.wgsl"),
+        include_str!("shared/qmatmul_common.wgsl"),
+        include_str!("shared/quant_blocks.wgsl"),
+        include_str!("shared/halves8.wgsl"),
+        include_str!("qmatmul_narrow.wgsl")
+    ),
+    inputs: 2,
+    trusted: true,
+    outputs: 1,
+    immediates: true,
+    needs: KernelNeeds::COOP16,
+};
+
 pub(crate) static SPLIT_SUM: Kernel = Kernel {
     name: "split_sum",
     source: concat!(
@@ -133,16 +151,19 @@ pub(crate) const COOP_MIN_M: usize = 64;
 /// cores").
 const COOP_NARROW_WEIGHTS: usize = 1 << 22;
 
-/// Depth up to which a narrow product takes the cooperative-matrix kernel:
-/// its workgroups wait on their loads, about 3 µs a step of 32 along K for
-/// a 1B model's products and 6 µs for an 8B model's (K = 4,096), whose
+/// Depth up to which a narrow product takes the cooperative-matrix kernels:
+/// the 128-row tiles wait on their loads, about 3 µs a step of 32 along K
+/// for a 1B model's products and 6 µs for an 8B model's (K = 4,096), whose
 /// every product of 16 or 32 rows was slower there than in two or four
-/// GEMV chunks (H200).
+/// GEMV chunks (H200). qmatmul_narrow.wgsl keeps the bound: its 8B prefill
+/// of 16 tokens measured both faster and slower than the GEMV chunks in
+/// one call (docs/tuning.md, "Narrow products, a subgroup a tile").
 const COOP_NARROW_MAX_K: usize = 2048;
 
 /// Whether a product of `m` rows of f16 x with `weight_rows` rows of K
-/// values, fewer than [`COOP_MIN_M`] rows, takes the cooperative-matrix
-/// kernel on this device (split along K so that few tiles still fill the
+/// values, fewer than [`COOP_MIN_M`] rows, takes a cooperative-matrix
+/// kernel on this device (qmatmul_narrow.wgsl where [`narrow_kernel`],
+/// else the 128-row tiles; split along K so that few tiles still fill the
 /// GPU) rather than the GEMV kernels in chunks of 8 rows, each of which
 /// decodes the weights again.
 pub(crate) fn narrow_coop(ctx: &Context, m: usize, weight_rows: usize, k: usize) -> bool {
@@ -388,6 +409,12 @@ pub(crate) fn qmatmul(
             Some(gemv),
         )
     } else if x16
+        && m < COOP_MIN_M
+        && narrow_kernel(ctx, format)
+        && narrow_coop(ctx, m, weight_rows, k)
+    {
+        return narrow_product(ctx, format, x, w, m, n, k, row_bytes, out, out_dtype);
+    } else if x16
         && super::matmul::coop_tiles(ctx)
         && (m >= COOP_MIN_M || narrow_coop(ctx, m, weight_rows, k))
     {
@@ -488,6 +515,108 @@ fn split_product(
         [grid[0] as u32, grid[1] as u32, parts as u32],
     )?;
     let sum = [to_u32(count, "element count")?, parts as u32, 0, 0];
+    let units = match out_dtype {
+        DType::F16 | DType::BF16 => count.div_ceil(2),
+        _ => count,
+    };
+    ctx.dispatch(
+        &SPLIT_SUM,
+        &[("OUT_DT", out_dtype.gpu_code() as f64)],
+        bytemuck::cast_slice(&sum),
+        &[&partial],
+        out,
+        ctx.grid_for_threads(units)?,
+    )
+}
+
+/// Whether narrow products in `format` take qmatmul_narrow.wgsl rather
+/// than the 128-row tiles (see [`narrow_coop`]): the formats of 32-value
+/// blocks, whose raw blocks the kernel copies four a row a step, on a
+/// device that runs it (`GpuFeatures::narrow`). The K-quants' blocks of
+/// 256 values would not fit a subgroup's share of workgroup memory.
+pub(crate) fn narrow_kernel(ctx: &Context, format: QuantFormat) -> bool {
+    ctx.features().narrow && format.block_elems() == 32
+}
+
+/// The most of K a part of qmatmul_narrow.wgsl walks for `mf` fragments of
+/// 16 rows (its `KA`): x's slice, 16 mf (KA + 8) halves, fits 2,176 vec4
+/// slots.
+fn narrow_depth(mf: usize) -> usize {
+    match mf {
+        1 => 512,
+        2 => 256,
+        _ => 128,
+    }
+}
+
+/// Workgroups of qmatmul_narrow.wgsl that a split of K aims for: about 8
+/// an SM of a 132-SM GPU.
+const NARROW_GROUPS: usize = 1024;
+
+/// A product of `m` (< 64) rows of f16 x on qmatmul_narrow.wgsl, split
+/// along K into parts summed by split_sum.wgsl.
+#[allow(clippy::too_many_arguments)]
+fn narrow_product(
+    ctx: &Context,
+    format: QuantFormat,
+    x: &Tensor,
+    w: &Tensor,
+    m: usize,
+    n: usize,
+    k: usize,
+    row_bytes: usize,
+    out: &GpuBuffer,
+    out_dtype: DType,
+) -> Result<()> {
+    let mf = m.div_ceil(16);
+    let depth = narrow_depth(mf);
+    let cols = n.div_ceil(64);
+    let steps = k.div_ceil(128);
+    // parts of whole steps of 128, each at most `depth` deep; more (down to
+    // 2 steps a part) while the grid is short of NARROW_GROUPS
+    let mut parts = k.div_ceil(depth);
+    while cols * parts < NARROW_GROUPS && steps / (parts * 2) >= 2 {
+        parts *= 2;
+    }
+    let max = ctx.max_groups() as usize;
+    let grid = [cols.min(max), cols.div_ceil(max), parts];
+    if grid[1] > max || parts > max {
+        return Err(Error::NotSupported {
+            op: "matmul_q",
+            reason: format!("grid {grid:?} exceeds the adapter's workgroup limit"),
+        });
+    }
+    let pitch = grid[0] * grid[1] * 64;
+    let header = [
+        to_u32(m, "M")?,
+        to_u32(n, "N")?,
+        to_u32(k, "K")?,
+        to_u32(row_bytes, "row bytes")?,
+        to_u32(x.layout().offset(), "offset")?,
+        to_u32(pitch, "pitch")?,
+        0,
+        0,
+    ];
+    let partial = ctx.pool.alloc((parts * mf * 16 * pitch * 4) as u64)?;
+    ctx.dispatch(
+        &QMATMUL_NARROW,
+        &[
+            ("FMT", format.gpu_code() as f64),
+            ("MF", mf as f64),
+            ("KA", depth as f64),
+        ],
+        bytemuck::cast_slice(&header),
+        &[buffer(x), buffer(w)],
+        &partial,
+        [grid[0] as u32, grid[1] as u32, parts as u32],
+    )?;
+    let count = m * n;
+    let sum = [
+        to_u32(count, "element count")?,
+        parts as u32,
+        n as u32,
+        pitch as u32,
+    ];
     let units = match out_dtype {
         DType::F16 | DType::BF16 => count.div_ceil(2),
         _ => count,
@@ -813,6 +942,18 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
                 out.push((&QMATMUL, constants(format, dt, o, None)));
                 if dt == DType::F16 {
                     out.push((&QMATMUL_COOP, constants(format, dt, o, None)));
+                    if o == DType::F32 && format.block_elems() == 32 {
+                        for mf in 1..=4 {
+                            out.push((
+                                &QMATMUL_NARROW,
+                                vec![
+                                    ("FMT", format.gpu_code() as f64),
+                                    ("MF", mf as f64),
+                                    ("KA", narrow_depth(mf) as f64),
+                                ],
+                            ));
+                        }
+                    }
                 }
                 if format == QuantFormat::Q4_0 {
                     out.push((&SPLIT_SUM, vec![("OUT_DT", o.gpu_code() as f64)]));

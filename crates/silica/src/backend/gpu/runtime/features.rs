@@ -37,6 +37,9 @@ pub struct GpuFeatures {
     /// Rows of f16 x from which quantized products take the
     /// cooperative-matrix kernel (where `coop16`).
     pub coop_rows: u32,
+    /// qmatmul_narrow.wgsl runs: `coop16` and subgroup barriers, and
+    /// [`GpuOptions::narrow_kernel`].
+    pub narrow: bool,
 }
 
 impl GpuFeatures {
@@ -66,6 +69,11 @@ impl GpuFeatures {
             coop_rows: opts
                 .coop_rows
                 .clamp(crate::config::MIN_COOP_ROWS, crate::config::MAX_COOP_ROWS),
+            narrow: coop16
+                && opts.narrow_kernel
+                && adapter
+                    .features()
+                    .contains(wgpu::Features::SUBGROUP | wgpu::Features::SUBGROUP_BARRIER),
         }
     }
 

@@ -95,6 +95,7 @@ impl Context {
         let features = GpuFeatures::probe(adapter, opts);
         let mut wanted = wgpu::Features::SHADER_F16
             | wgpu::Features::SUBGROUP
+            | wgpu::Features::SUBGROUP_BARRIER
             | wgpu::Features::TIMESTAMP_QUERY
             | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
         let coop = features.coop16 || features.coop8;
