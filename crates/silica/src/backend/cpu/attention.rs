@@ -388,6 +388,10 @@ mod x86 {
 
     /// Heads handled together (their accumulators stay in registers).
     const HB: usize = 4;
+    /// Key and value rows asked of the memory ahead of their use: a long
+    /// context's rows are not in the cache when their turn comes
+    /// (docs/tuning.md, "CPU attention").
+    const PREFETCH: usize = 32;
     /// The same with AVX2's 16 registers.
     const HB2: usize = 2;
 
@@ -433,6 +437,12 @@ mod x86 {
             let mut j = 0;
             while j + 4 <= n {
                 let mut acc = [[_mm512_setzero_ps(); 4]; HB];
+                for kk in 0..4 {
+                    let ahead = x.k.as_ptr().wrapping_add(base + (j + kk + PREFETCH) * sj);
+                    for c in 0..chunks {
+                        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(16 * c).cast());
+                    }
+                }
                 for c in 0..chunks {
                     let m = mask(c);
                     let mut ks = [_mm512_setzero_ps(); 4];
@@ -493,6 +503,11 @@ mod x86 {
                 let mut acc = [[_mm512_setzero_ps(); 4]; HB];
                 for j in 0..n {
                     let row = base + j * sj;
+                    // the row PREFETCH ahead (a prefetch never faults)
+                    let ahead = x.v.as_ptr().wrapping_add(row + PREFETCH * sj + 16 * c0);
+                    for cc in 0..cs {
+                        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(16 * cc).cast());
+                    }
                     let mut vs = [_mm512_setzero_ps(); 4];
                     for (cc, v) in vs.iter_mut().enumerate().take(cs) {
                         let c = c0 + cc;
@@ -572,6 +587,12 @@ mod x86 {
             let mut j = 0;
             while j + 4 <= n {
                 let mut acc = [[_mm256_setzero_ps(); 4]; HB2];
+                for kk in 0..4 {
+                    let ahead = x.k.as_ptr().wrapping_add(base + (j + kk + PREFETCH) * sj);
+                    for c in (0..chunks).step_by(2) {
+                        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(8 * c).cast());
+                    }
+                }
                 for c in 0..chunks {
                     let m = mask(c);
                     let mut ks = [_mm256_setzero_ps(); 4];
@@ -629,6 +650,11 @@ mod x86 {
                 let mut acc = [[_mm256_setzero_ps(); 4]; HB2];
                 for j in 0..n {
                     let row = base + j * sj;
+                    // as in group_avx512, a cache line every 2 chunks
+                    let ahead = x.v.as_ptr().wrapping_add(row + PREFETCH * sj + 8 * c0);
+                    for cc in (0..cs).step_by(2) {
+                        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(8 * cc).cast());
+                    }
                     let mut vs = [_mm256_setzero_ps(); 4];
                     for (cc, v) in vs.iter_mut().enumerate().take(cs) {
                         let c = c0 + cc;
