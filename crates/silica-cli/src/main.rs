@@ -13,6 +13,20 @@
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// mimalloc's `purge_decommits` option (its index in `mi_option_t`, the
+/// same in mimalloc 2 and 3), which the sys crate does not name.
+const MI_OPTION_PURGE_DECOMMITS: libmimalloc_sys::mi_option_t = 5;
+
+/// Memory mimalloc purges (freed and unused for 10 ms) is reset, not
+/// decommitted: the OS takes it back only when it needs it, so that a
+/// prompt's intermediates, freed and allocated again a layer later, do not
+/// come back as fresh pages for the kernel to zero (up to 0.7 s of a
+/// 1-second CPU prefill; docs/tuning.md, "CPU memory reuse").
+fn keep_freed_pages() {
+    // SAFETY: sets an option; mimalloc reads it at each purge
+    unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DECOMMITS, 0) };
+}
+
 mod activations;
 mod bench;
 mod devices;
@@ -92,6 +106,7 @@ impl CliError {
 const ERROR_STATUS: u8 = 2;
 
 fn main() -> ExitCode {
+    keep_freed_pages();
     quiet_headless_vulkan();
     init_tracing();
     let cli = match Cli::try_parse() {
