@@ -88,7 +88,7 @@ pub struct GpuOptions {
     /// cooperative-matrix kernel, [`MIN_COOP_ROWS`] to [`MAX_COOP_ROWS`].
     /// `SILICA_COOP_ROWS=N`.
     pub coop_rows: u32,
-    /// Quantized products of 9 to 63 rows of f16 x in the 32-value block
+    /// Quantized products of 16 to 32 rows of f16 x in the 32-value block
     /// formats take qmatmul_narrow.wgsl (16-row tensor-core tiles, a
     /// subgroup each) where the adapter has cooperative matrices and
     /// subgroup barriers. `SILICA_NO_NARROW=1` keeps the 128-row tiles and

@@ -537,8 +537,9 @@ fn qmatmul_narrow_cases(cases: &mut Vec<Case>) {
         } else {
             [(16, 72, 96), (33, 130, 576), (63, 200, 320)]
         };
-        // and for the 32-value formats, the narrow kernel's one and four
-        // fragments, with a part of K that ends inside a step of 128
+        // and for the 32-value formats: the narrow kernel's one fragment
+        // with a part of K that ends inside a step of 128 (17 rows take
+        // its two), and 63 rows on the 128-row tiles
         let more: &[(usize, usize, usize)] = if k_quant {
             &[]
         } else {

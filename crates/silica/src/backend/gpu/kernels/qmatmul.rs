@@ -409,9 +409,10 @@ pub(crate) fn qmatmul(
             Some(gemv),
         )
     } else if x16
-        && m < COOP_MIN_M
+        && m <= NARROW_MAX_M
         && narrow_kernel(ctx, format)
         && narrow_coop(ctx, m, weight_rows, k)
+        && narrow_partials(m, n, k) <= NARROW_PARTIAL_BYTES
     {
         return narrow_product(ctx, format, x, w, m, n, k, row_bytes, out, out_dtype);
     } else if x16
@@ -538,6 +539,19 @@ pub(crate) fn narrow_kernel(ctx: &Context, format: QuantFormat) -> bool {
     ctx.features().narrow && format.block_elems() == 32
 }
 
+/// Rows of x up to which narrow products take qmatmul_narrow.wgsl (two
+/// fragments of 16): with three or four, x's slice holds only 128 values
+/// of K, and the parts' partial products (16 for K = 2,048) outweigh what
+/// the kernel saves; those rows keep the 128-row tiles (not measured on
+/// the new kernel).
+const NARROW_MAX_M: usize = 32;
+
+/// Bytes of partial products above which a narrow product keeps the
+/// 128-row tiles: a large vocabulary's LM head (128,256 columns) would
+/// write and sum 33 MB at 16 rows, 131 MB at 32, where a 1B model's
+/// largest product (gate and up, 16,384 columns) writes 16 MB at 32.
+const NARROW_PARTIAL_BYTES: usize = 16 << 20;
+
 /// The most of K a part of qmatmul_narrow.wgsl walks for `mf` fragments of
 /// 16 rows (its `KA`): x's slice, 16 mf (KA + 8) halves, fits 2,176 vec4
 /// slots.
@@ -553,7 +567,29 @@ fn narrow_depth(mf: usize) -> usize {
 /// an SM of a 132-SM GPU.
 const NARROW_GROUPS: usize = 1024;
 
-/// A product of `m` (< 64) rows of f16 x on qmatmul_narrow.wgsl, split
+/// qmatmul_narrow.wgsl's grid for `m` rows of x, `n` weight rows and depth
+/// `k`: (workgroups along the weight rows, parts of K).
+fn narrow_grid(m: usize, n: usize, k: usize) -> (usize, usize) {
+    let cols = n.div_ceil(64);
+    let steps = k.div_ceil(128);
+    // parts of whole steps of 128, each at most narrow_depth deep; more
+    // (down to 2 steps a part) while the grid is short of NARROW_GROUPS
+    let mut parts = k.div_ceil(narrow_depth(m.div_ceil(16)));
+    while cols * parts < NARROW_GROUPS && steps / (parts * 2) >= 2 {
+        parts *= 2;
+    }
+    (cols, parts)
+}
+
+/// Bytes of the partial products of qmatmul_narrow.wgsl for this product:
+/// each part's rows padded to whole fragments, its columns to the grid's.
+fn narrow_partials(m: usize, n: usize, k: usize) -> usize {
+    let (cols, parts) = narrow_grid(m, n, k);
+    parts * m.div_ceil(16) * 16 * cols * 64 * 4
+}
+
+/// A product of `m` (up to [`NARROW_MAX_M`]) rows of f16 x on
+/// qmatmul_narrow.wgsl, split
 /// along K into parts summed by split_sum.wgsl.
 #[allow(clippy::too_many_arguments)]
 fn narrow_product(
@@ -570,14 +606,7 @@ fn narrow_product(
 ) -> Result<()> {
     let mf = m.div_ceil(16);
     let depth = narrow_depth(mf);
-    let cols = n.div_ceil(64);
-    let steps = k.div_ceil(128);
-    // parts of whole steps of 128, each at most `depth` deep; more (down to
-    // 2 steps a part) while the grid is short of NARROW_GROUPS
-    let mut parts = k.div_ceil(depth);
-    while cols * parts < NARROW_GROUPS && steps / (parts * 2) >= 2 {
-        parts *= 2;
-    }
+    let (cols, parts) = narrow_grid(m, n, k);
     let max = ctx.max_groups() as usize;
     let grid = [cols.min(max), cols.div_ceil(max), parts];
     if grid[1] > max || parts > max {
@@ -943,7 +972,7 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
                 if dt == DType::F16 {
                     out.push((&QMATMUL_COOP, constants(format, dt, o, None)));
                     if o == DType::F32 && format.block_elems() == 32 {
-                        for mf in 1..=4 {
+                        for mf in 1..=NARROW_MAX_M.div_ceil(16) {
                             out.push((
                                 &QMATMUL_NARROW,
                                 vec![

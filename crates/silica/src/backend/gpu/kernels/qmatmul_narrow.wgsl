@@ -1,4 +1,4 @@
-// qmatmul_narrow.wgsl — dst = x @ wᵀ for 16 to 63 rows of f16 x (a short
+// qmatmul_narrow.wgsl — dst = x @ wᵀ for 16 to 32 rows of f16 x (a short
 // prompt, a server's step of many sequences), w in one of the formats of
 // 32-value blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1), on cooperative
 // matrices. Each subgroup owns 16 weight rows and walks the workgroup's
@@ -26,7 +26,7 @@
 @group(0) @binding(2) var<storage, read> src_wq: array<u32>;
 @group(0) @binding(3) var<storage, read_write> dst: array<f32>;
 
-// Fragments of 16 rows of x, 1 to 4.
+// Fragments of 16 rows of x, 1 to 4 (the launcher asks for 1 or 2).
 override MF: u32 = 1u;
 // The most of K a part walks (a multiple of 64): MF 16 (KA / 4 + 2) vec4
 // slots of x must fit tile_x.
