@@ -388,12 +388,12 @@ mod x86 {
 
     /// Heads handled together (their accumulators stay in registers).
     const HB: usize = 4;
+    /// The same with AVX2's 16 registers.
+    const HB2: usize = 2;
     /// Key and value rows asked of the memory ahead of their use: a long
     /// context's rows are not in the cache when their turn comes
     /// (docs/tuning.md, "CPU attention").
     const PREFETCH: usize = 32;
-    /// The same with AVX2's 16 registers.
-    const HB2: usize = 2;
 
     #[target_feature(enable = "avx512f,avx512vl,avx512dq,avx2,fma")]
     #[allow(clippy::too_many_arguments)]
