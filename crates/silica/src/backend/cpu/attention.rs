@@ -328,6 +328,35 @@ fn softmax_in_place<const FUSED: bool>(scores: &mut [f32]) -> f32 {
     1.0 / sum(scores)
 }
 
+/// Key and value rows the portable kernel asks of the memory ahead of
+/// their use (as the x86 kernels' `PREFETCH`).
+const ROWS_AHEAD: usize = 32;
+
+/// Asks for the cache lines of the `d` values at `at` of `t` (nothing
+/// where the target has no stable prefetch: aarch64's is unstable in Rust,
+/// and the Apple cores' own prefetchers follow such strides).
+#[inline(always)]
+fn prefetch_row(t: &[f32], at: usize, d: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let p = t.as_ptr().wrapping_add(at);
+        for c in (0..d).step_by(16) {
+            // SAFETY: a prefetch never faults, whatever the address (SSE is
+            // part of every x86-64 target)
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                    p.wrapping_add(c).cast(),
+                )
+            };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (t, at, d);
+}
+
+/// The portable kernel: every key and value row read once for all the
+/// heads of its KV head, and asked for [`ROWS_AHEAD`] rows ahead (at a
+/// long context the rows come from memory).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn group_any<const FUSED: bool>(
@@ -341,27 +370,41 @@ fn group_any<const FUSED: bool>(
     o: &mut [f32],
 ) {
     let [_, _, h, d, _, _] = x.dims;
-    let (bi, i, visible) = place(x, causal, pos);
+    let (bi, i, n) = place(x, causal, pos);
+    let group = o.len() / d.max(1);
+    // the group's scores, then 1 / their sums
     scores.clear();
-    scores.resize(visible, 0.0);
+    scores.resize(group * n + group, 0.0);
+    let (scores, inv) = scores.split_at_mut(group * n);
     let [sb, sj, sh] = x.kv_strides;
     let at = |j: usize| bi * sb + j * sj + kv * sh;
-    for (g, o) in o.chunks_exact_mut(d).enumerate() {
-        let hi = first + g;
-        let q = &x.q[(pos * h + hi) * d..][..d];
-        for (j, s) in scores.iter_mut().enumerate() {
-            *s = dot(q, &x.k[at(j)..][..d]) * scale;
+    let q = |g: usize| &x.q[(pos * h + first + g) * d..][..d];
+    for j in 0..n {
+        prefetch_row(x.k, at(j + ROWS_AHEAD), d);
+        let k = &x.k[at(j)..][..d];
+        for g in 0..group {
+            scores[g * n + j] = dot(q(g), k) * scale;
         }
-        add_mask(x, bi, hi, i, scores);
-        let inv = softmax_in_place::<FUSED>(scores);
-        o.fill(0.0);
-        for (j, &p) in scores.iter().enumerate() {
-            for (a, &v) in o.iter_mut().zip(&x.v[at(j)..][..d]) {
-                *a += p * v;
+    }
+    for (g, f) in inv.iter_mut().enumerate() {
+        let s = &mut scores[g * n..(g + 1) * n];
+        add_mask(x, bi, first + g, i, s);
+        *f = softmax_in_place::<FUSED>(s);
+    }
+    o.fill(0.0);
+    for j in 0..n {
+        prefetch_row(x.v, at(j + ROWS_AHEAD), d);
+        let v = &x.v[at(j)..][..d];
+        for (g, o) in o.chunks_exact_mut(d).enumerate() {
+            let p = scores[g * n + j];
+            for (a, &v) in o.iter_mut().zip(v) {
+                *a = madd::<FUSED>(p, v, *a);
             }
         }
+    }
+    for (o, &f) in o.chunks_exact_mut(d).zip(inv.iter()) {
         for a in o.iter_mut() {
-            *a *= inv;
+            *a *= f;
         }
     }
 }
