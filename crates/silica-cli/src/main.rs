@@ -20,8 +20,8 @@ const MI_OPTION_PURGE_DECOMMITS: libmimalloc_sys::mi_option_t = 5;
 /// Memory mimalloc purges (freed and unused for 10 ms) is reset, not
 /// decommitted: the OS takes it back only when it needs it, so that a
 /// prompt's intermediates, freed and allocated again a layer later, do not
-/// come back as fresh pages for the kernel to zero (up to 0.7 s of a
-/// 1-second CPU prefill; docs/tuning.md, "CPU memory reuse").
+/// come back as fresh pages for the kernel to zero (docs/tuning.md, "CPU
+/// memory reuse").
 fn keep_freed_pages() {
     // SAFETY: sets an option; mimalloc reads it at each purge
     unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DECOMMITS, 0) };

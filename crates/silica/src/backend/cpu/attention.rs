@@ -328,8 +328,9 @@ fn softmax_in_place<const FUSED: bool>(scores: &mut [f32]) -> f32 {
     1.0 / sum(scores)
 }
 
-/// Key and value rows the portable kernel asks of the memory ahead of
-/// their use (as the x86 kernels' `PREFETCH`).
+/// Key and value rows the attention kernels ask of the memory ahead of
+/// their use: a long context's rows are not in the cache when their turn
+/// comes (docs/tuning.md, "CPU attention").
 const ROWS_AHEAD: usize = 32;
 
 /// Asks for the cache lines of the `d` values at `at` of `t` (nothing
@@ -416,7 +417,7 @@ mod x86 {
     //! once for all of them; the scores of 4 keys summed across lanes
     //! together.
 
-    use super::{Inputs, add_mask, place, softmax_in_place};
+    use super::{Inputs, ROWS_AHEAD, add_mask, place, prefetch_row, softmax_in_place};
     use std::arch::x86_64::*;
 
     #[target_feature(enable = "avx512f,avx512vl,avx512dq,avx2,fma")]
@@ -433,10 +434,6 @@ mod x86 {
     const HB: usize = 4;
     /// The same with AVX2's 16 registers.
     const HB2: usize = 2;
-    /// Key and value rows asked of the memory ahead of their use: a long
-    /// context's rows are not in the cache when their turn comes
-    /// (docs/tuning.md, "CPU attention").
-    const PREFETCH: usize = 32;
 
     #[target_feature(enable = "avx512f,avx512vl,avx512dq,avx2,fma")]
     #[allow(clippy::too_many_arguments)]
@@ -481,10 +478,7 @@ mod x86 {
             while j + 4 <= n {
                 let mut acc = [[_mm512_setzero_ps(); 4]; HB];
                 for kk in 0..4 {
-                    let ahead = x.k.as_ptr().wrapping_add(base + (j + kk + PREFETCH) * sj);
-                    for c in 0..chunks {
-                        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(16 * c).cast());
-                    }
+                    prefetch_row(x.k, base + (j + kk + ROWS_AHEAD) * sj, d);
                 }
                 for c in 0..chunks {
                     let m = mask(c);
@@ -546,11 +540,7 @@ mod x86 {
                 let mut acc = [[_mm512_setzero_ps(); 4]; HB];
                 for j in 0..n {
                     let row = base + j * sj;
-                    // the row PREFETCH ahead (a prefetch never faults)
-                    let ahead = x.v.as_ptr().wrapping_add(row + PREFETCH * sj + 16 * c0);
-                    for cc in 0..cs {
-                        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(16 * cc).cast());
-                    }
+                    prefetch_row(x.v, row + ROWS_AHEAD * sj + 16 * c0, 16 * cs);
                     let mut vs = [_mm512_setzero_ps(); 4];
                     for (cc, v) in vs.iter_mut().enumerate().take(cs) {
                         let c = c0 + cc;
@@ -631,10 +621,7 @@ mod x86 {
             while j + 4 <= n {
                 let mut acc = [[_mm256_setzero_ps(); 4]; HB2];
                 for kk in 0..4 {
-                    let ahead = x.k.as_ptr().wrapping_add(base + (j + kk + PREFETCH) * sj);
-                    for c in (0..chunks).step_by(2) {
-                        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(8 * c).cast());
-                    }
+                    prefetch_row(x.k, base + (j + kk + ROWS_AHEAD) * sj, d);
                 }
                 for c in 0..chunks {
                     let m = mask(c);
@@ -693,11 +680,7 @@ mod x86 {
                 let mut acc = [[_mm256_setzero_ps(); 4]; HB2];
                 for j in 0..n {
                     let row = base + j * sj;
-                    // as in group_avx512, a cache line every 2 chunks
-                    let ahead = x.v.as_ptr().wrapping_add(row + PREFETCH * sj + 8 * c0);
-                    for cc in (0..cs).step_by(2) {
-                        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(8 * cc).cast());
-                    }
+                    prefetch_row(x.v, row + ROWS_AHEAD * sj + 8 * c0, 8 * cs);
                     let mut vs = [_mm256_setzero_ps(); 4];
                     for (cc, v) in vs.iter_mut().enumerate().take(cs) {
                         let c = c0 + cc;

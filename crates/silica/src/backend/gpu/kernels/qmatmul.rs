@@ -515,7 +515,29 @@ fn split_product(
         &partial,
         [grid[0] as u32, grid[1] as u32, parts as u32],
     )?;
-    let sum = [to_u32(count, "element count")?, parts as u32, 0, 0];
+    sum_parts(ctx, &partial, parts, count, None, out, out_dtype)
+}
+
+/// split_sum.wgsl: `out` (`count` elements in `out_dtype`) = the sum of
+/// the `parts` f32 partial products in `partial`, laid end to end, or with
+/// `rows` (columns of out, row pitch of the parts) as qmatmul_narrow.wgsl
+/// lays them.
+fn sum_parts(
+    ctx: &Context,
+    partial: &GpuBuffer,
+    parts: usize,
+    count: usize,
+    rows: Option<(usize, usize)>,
+    out: &GpuBuffer,
+    out_dtype: DType,
+) -> Result<()> {
+    let (cols, pitch) = rows.unwrap_or((0, 0));
+    let sum = [
+        to_u32(count, "element count")?,
+        to_u32(parts, "parts")?,
+        to_u32(cols, "columns")?,
+        to_u32(pitch, "pitch")?,
+    ];
     let units = match out_dtype {
         DType::F16 | DType::BF16 => count.div_ceil(2),
         _ => count,
@@ -524,7 +546,7 @@ fn split_product(
         &SPLIT_SUM,
         &[("OUT_DT", out_dtype.gpu_code() as f64)],
         bytemuck::cast_slice(&sum),
-        &[&partial],
+        &[partial],
         out,
         ctx.grid_for_threads(units)?,
     )
@@ -552,15 +574,11 @@ const NARROW_MAX_M: usize = 32;
 /// largest product (gate and up, 16,384 columns) writes 16 MB at 32.
 const NARROW_PARTIAL_BYTES: usize = 16 << 20;
 
-/// The most of K a part of qmatmul_narrow.wgsl walks for `mf` fragments of
-/// 16 rows (its `KA`): x's slice, 16 mf (KA + 8) halves, fits 2,176 vec4
-/// slots.
+/// The most of K a part of qmatmul_narrow.wgsl walks for `mf` (1 or 2)
+/// fragments of 16 rows (its `KA`, 512 or 256): x's slice, 16 mf (KA + 8)
+/// halves, fits its 2,112 vec4 slots.
 fn narrow_depth(mf: usize) -> usize {
-    match mf {
-        1 => 512,
-        2 => 256,
-        _ => 128,
-    }
+    512 / mf
 }
 
 /// Workgroups of qmatmul_narrow.wgsl that a split of K aims for: about 8
@@ -639,24 +657,14 @@ fn narrow_product(
         &partial,
         [grid[0] as u32, grid[1] as u32, parts as u32],
     )?;
-    let count = m * n;
-    let sum = [
-        to_u32(count, "element count")?,
-        parts as u32,
-        n as u32,
-        pitch as u32,
-    ];
-    let units = match out_dtype {
-        DType::F16 | DType::BF16 => count.div_ceil(2),
-        _ => count,
-    };
-    ctx.dispatch(
-        &SPLIT_SUM,
-        &[("OUT_DT", out_dtype.gpu_code() as f64)],
-        bytemuck::cast_slice(&sum),
-        &[&partial],
+    sum_parts(
+        ctx,
+        &partial,
+        parts,
+        m * n,
+        Some((n, pitch)),
         out,
-        ctx.grid_for_threads(units)?,
+        out_dtype,
     )
 }
 

@@ -26,9 +26,9 @@
 @group(0) @binding(2) var<storage, read> src_wq: array<u32>;
 @group(0) @binding(3) var<storage, read_write> dst: array<f32>;
 
-// Fragments of 16 rows of x, 1 to 4 (the launcher asks for 1 or 2).
+// Fragments of 16 rows of x, 1 or 2.
 override MF: u32 = 1u;
-// The most of K a part walks (a multiple of 64): MF 16 (KA / 4 + 2) vec4
+// The most of K a part walks (a multiple of 128): MF 16 (KA / 4 + 2) vec4
 // slots of x must fit tile_x.
 override KA: u32 = 512u;
 
@@ -46,7 +46,7 @@ const RW: u32 = 35u;
 const RL: u32 = (16u * RW + 31u) / 32u;
 
 // x's slice, [16 MF][KA + 8] halves; f16 weight tiles, one a subgroup.
-var<workgroup> tile_x: array<vec4<f16>, 2176>;
+var<workgroup> tile_x: array<vec4<f16>, 2112>;
 var<workgroup> tile_w: array<vec4<f16>, 4u * STAGE>;
 // The raw blocks of a step, RW words a row, 16 rows a subgroup: named as
 // quant_blocks.wgsl reads the weights.
@@ -156,8 +156,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let t = sg * STAGE;
     var c0 = FragC();
     var c1 = FragC();
-    var c2 = FragC();
-    var c3 = FragC();
     var cur = fetch_raw(n0, kr.x, kr.y, lane);
     for (var i = 0u; i < steps; i++) {
         let kt = kr.x + i * TK;
@@ -178,14 +176,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
                 let a1 = 16u * px + a0;
                 c1 = coopMultiplyAdd(coopLoadT<FragA>(&tile_x[a1], px), fb, c1);
             }
-            if MF > 2u {
-                let a2 = 32u * px + a0;
-                c2 = coopMultiplyAdd(coopLoadT<FragA>(&tile_x[a2], px), fb, c2);
-            }
-            if MF > 3u {
-                let a3 = 48u * px + a0;
-                c3 = coopMultiplyAdd(coopLoadT<FragA>(&tile_x[a3], px), fb, c3);
-            }
         }
         // the next step's raw words and tile wait for every lane's loads
         // of this one
@@ -198,13 +188,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     if MF > 1u {
         let o1 = out0 + 16u * np;
         coopStoreT(c1, &dst[o1], np);
-    }
-    if MF > 2u {
-        let o2 = out0 + 32u * np;
-        coopStoreT(c2, &dst[o2], np);
-    }
-    if MF > 3u {
-        let o3 = out0 + 48u * np;
-        coopStoreT(c3, &dst[o3], np);
     }
 }
