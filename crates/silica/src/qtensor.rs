@@ -3,6 +3,7 @@
 
 use std::borrow::Cow;
 
+use crate::backend::cpu::packed;
 use crate::dispatch::run;
 use crate::quant::QuantFormat;
 use crate::storage::{CpuStorage, Storage};
@@ -95,17 +96,26 @@ impl QTensor {
             });
         }
         let n_words = len.div_ceil(4);
+        let mut shape = vec![n_words];
         let storage = match device {
             Device::Cpu => {
                 let mut words = vec![0u32; n_words];
-                bytemuck::cast_slice_mut::<u32, u8>(&mut words)[..len].copy_from_slice(bytes);
+                let dst = &mut bytemuck::cast_slice_mut::<u32, u8>(&mut words)[..len];
+                if packed::wanted(format, rows, cols) {
+                    // tiles of 16 rows for the decode kernel, marked by
+                    // the shape [tiles, words a tile]
+                    packed::pack(format, bytes, rows, cols / 32, dst);
+                    shape = vec![rows / packed::TILE, n_words / (rows / packed::TILE)];
+                } else {
+                    dst.copy_from_slice(bytes);
+                }
                 Storage::host(CpuStorage::U32(words))?
             }
             // straight from the caller's bytes (a memory-mapped file) to the device
             Device::Gpu(g) => Storage::Gpu(g.upload_bytes(bytes)?),
         };
         Ok(QTensor {
-            words: Tensor::from_parts(storage, &[n_words], DType::U32, device.clone()),
+            words: Tensor::from_parts(storage, &shape, DType::U32, device.clone()),
             format,
             rows,
             cols,
@@ -203,6 +213,14 @@ impl QTensor {
         let words: Vec<u32> = self.words.to_vec()?;
         let mut bytes: Vec<u8> = bytemuck::cast_slice(&words).to_vec();
         bytes.truncate(self.size_in_bytes());
+        if self.words.rank() == 2 {
+            return Ok(packed::unpack(
+                self.format,
+                &bytes,
+                self.rows,
+                self.cols / self.format.block_elems(),
+            ));
+        }
         Ok(bytes)
     }
 

@@ -131,7 +131,8 @@ pub enum Op {
     Matmul,
     /// `x [.., K] @ wᵀ` for a quantized `w [N, K]`; inputs `[x, w]`, `x`
     /// contiguous from a multiple of 8 elements, `w` the blocks as a flat
-    /// `U32` tensor (see [`crate::QTensor`]). Its fusions with a norm,
+    /// `U32` tensor (see [`crate::QTensor`]; on the CPU, `[tiles, words]`
+    /// for blocks in tiles of 16 rows, `backend::cpu::packed`). Its fusions with a norm,
     /// SwiGLU and a residual are a custom op (`Tensor::matmul_q_fused`).
     QMatmul { format: QuantFormat },
     /// Rows of a quantized matrix with rows of `k` values, decoded; inputs

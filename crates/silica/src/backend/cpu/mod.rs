@@ -7,6 +7,7 @@ mod elementwise;
 mod index;
 pub(crate) mod matmul;
 mod nn;
+pub(crate) mod packed;
 mod qdot;
 mod qgemm;
 mod qmatmul;

@@ -14,11 +14,17 @@
 //! rows (`qgemm`) from there on. K-quants without tiles on the path
 //! (`qgemm::integer_prefill`) take the f32 panels there, with x rounded to
 //! 8 bits as the integer kernels round it.
+//!
+//! Q4_0 / Q4_1 / Q8_0 matrices that the CPU stores in tiles of 16 rows
+//! (`packed`, on the AVX-512 VNNI path) take the tile kernel for any
+//! number of rows of x, or are read back out of the tiles where the path
+//! in effect has changed since they were loaded.
 
 use rayon::prelude::*;
 
 use super::host;
 use super::matmul::{Operand, gemm_f32};
+use super::packed;
 use super::qdot;
 use super::qgemm;
 use crate::quant::QuantFormat;
@@ -50,7 +56,7 @@ pub fn qmatmul(
     let n = out_shape.last().copied().unwrap_or(0);
     let m = x.numel().checked_div(k).unwrap_or(0);
     let mut xs = host(x).gather_f32(x.layout());
-    let wb: &[u8] = host(w).as_bytes();
+    let mut wb: &[u8] = host(w).as_bytes();
     let row_bytes = format.bytes_for(k);
     // results transposed, [n, m]: each task owns a run of weight rows
     let mut out_t = vec![0f32; n * m];
@@ -61,7 +67,31 @@ pub fn qmatmul(
     } else {
         None
     };
-    if m > 0 && n > 0 {
+    // weights in tiles of 16 rows (`packed`): their kernels where the
+    // path has them, else the rows read back out
+    let tiled = is_tiled(w);
+    let tiles_run = tiled && int8.is_some() && packed::fast_path();
+    let unpacked: Vec<u8>;
+    if tiled && !tiles_run {
+        unpacked = packed::unpack(format, wb, n, k / 32);
+        wb = &unpacked;
+    }
+    if m > 0 && n > 0 && tiles_run {
+        let xq = qdot::QuantizedRows::new(int8.unwrap_or(qdot::Path::Scalar), &xs, m, k);
+        let rows = int8_task_rows(n, m, k).next_multiple_of(packed::TILE);
+        let run = |t: usize, dst: &mut [f32]| packed::dot_tiles(format, wb, &xq, m, t * rows, dst);
+        if m < GEMM_MIN_M {
+            // decode: workers that stay awake between products
+            super::spin::for_each_chunk(&mut out_t, rows * m, run);
+        } else {
+            // each tile meets every row of x, 4 at a time, while its blocks
+            // stay in the first-level cache
+            out_t
+                .par_chunks_mut(rows * m)
+                .enumerate()
+                .for_each(|(t, dst)| run(t, dst));
+        }
+    } else if m > 0 && n > 0 {
         if let Some(path) = int8
             && (m < GEMM_MIN_M || qgemm::integer_prefill(path, format))
         {
@@ -184,6 +214,12 @@ fn int8_task_rows(n: usize, m: usize, k: usize) -> usize {
     n.div_ceil(tasks).max(1)
 }
 
+/// Whether the blocks of a quantized matrix are in tiles of 16 rows
+/// (`packed`): `[tiles, words]` rather than the file's flat `[words]`.
+pub(crate) fn is_tiled(w: &Tensor) -> bool {
+    w.rank() == 2
+}
+
 /// Rows `ids` of the quantized matrix `w` (rows of `k` values), decoded.
 pub fn qrows(
     format: QuantFormat,
@@ -200,6 +236,8 @@ pub fn qrows(
         .into_vec()
         .unwrap_or_default();
     let mut result = vec![0f32; ids.len() * k];
+    let tiled = is_tiled(w);
+    let mut row = vec![0u8; if tiled { row_bytes } else { 0 }];
     for (&id, dst) in ids.iter().zip(result.chunks_exact_mut(k.max(1))) {
         let id = id as usize;
         if id >= rows {
@@ -209,7 +247,12 @@ pub fn qrows(
                 size: rows,
             });
         }
-        format.decode_into(&wb[id * row_bytes..(id + 1) * row_bytes], dst);
+        if tiled {
+            packed::unpack_rows(format, wb, k / 32, id, &mut row);
+            format.decode_into(&row, dst);
+        } else {
+            format.decode_into(&wb[id * row_bytes..(id + 1) * row_bytes], dst);
+        }
     }
     Ok(CpuStorage::from_f32(result, out))
 }

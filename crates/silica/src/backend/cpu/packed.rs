@@ -1,0 +1,379 @@
+//! Q4_0 / Q4_1 / Q8_0 weights on the CPU in tiles of 16 rows, the layout
+//! of the AVX-512 VNNI decode kernel (as llama.cpp repacks weights for its
+//! AMX and VNNI kernels).
+//!
+//! A matrix of `rows` (a multiple of [`TILE`]) by `nb` blocks is stored as
+//! `rows / 16` tiles, each its `nb` blocks in order, and each block of a
+//! tile as 16 times the bytes of one block: first the quants, as vectors
+//! of 64 bytes whose 32-bit lane `r` holds bytes `4j..4j + 4` of the quants
+//! of row `r` (4 vectors for Q4, 8 for Q8_0), then the 16 rows' scales
+//! (f16), then for Q4_1 their minima. One load then gives 16 rows'
+//! quants in the lanes that `vpdpbusd` sums: a Q4 vector's low nibbles hold
+//! values `4j..4j + 4` of each row, its high nibbles values `16 + 4j..`,
+//! both met by 4 bytes of x broadcast to every lane, and a block's 16
+//! results come out as a vector with no horizontal sum. The matrix keeps
+//! its size; a tile's blocks are one stream in memory.
+//!
+//! Where the processor, the instruction-set switch or the exact path rule
+//! the kernel out, the products and lookups read the rows back out of the
+//! tiles (`unpack`), a copy per product: correct, not fast.
+
+use rayon::prelude::*;
+
+use super::qdot::{GB, Path, QB, QuantizedRows, code, layout_of};
+use crate::quant::QuantFormat;
+
+/// Weight rows per tile: the 16 lanes of a 512-bit vector of i32.
+pub(crate) const TILE: usize = 16;
+
+/// Whether the CPU stores a `[rows, cols]` matrix of `format` in tiles:
+/// the formats of the kernel, whole tiles, and the kernel's path in effect
+/// with 8-bit activations on.
+pub(crate) fn wanted(format: QuantFormat, rows: usize, cols: usize) -> bool {
+    matches!(
+        format,
+        QuantFormat::Q4_0 | QuantFormat::Q4_1 | QuantFormat::Q8_0
+    ) && rows > 0
+        && rows.is_multiple_of(TILE)
+        && cols > 0
+        && cols.is_multiple_of(QB)
+        && super::cpu_int8_activations()
+        && fast_path()
+}
+
+/// Whether the tile kernel runs on this thread now.
+pub(crate) fn fast_path() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        Path::detect() == Some(Path::Avx512Vnni)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Where byte `i` of block `b` of row `row` lies in the tiled matrix of
+/// `nb` blocks per row.
+#[inline(always)]
+fn place(bb: usize, at: usize, nb: usize, row: usize, b: usize, i: usize) -> usize {
+    let (t, r) = (row / TILE, row % TILE);
+    let base = (t * nb + b) * TILE * bb;
+    let quants = (bb - at) * TILE;
+    if i < at {
+        // the scale (i < 2) or the minimum, 2 bytes per row
+        let field = i / 2;
+        base + quants + field * 2 * TILE + r * 2 + i % 2
+    } else {
+        let q = i - at;
+        base + (q / 4) * 64 + r * 4 + q % 4
+    }
+}
+
+/// `f(i, run)` for the runs of a block's bytes that stay together in the
+/// tiles: 2-byte scales and minima, then 4-byte lanes of quants.
+#[inline(always)]
+fn each_run(bb: usize, at: usize, mut f: impl FnMut(usize, usize)) {
+    let mut i = 0;
+    while i < bb {
+        let run = if i < at { 2 } else { 4 };
+        f(i, run);
+        i += run;
+    }
+}
+
+/// The matrix `bytes` (`rows` rows of `nb` blocks, the file's layout) in
+/// tiles.
+pub(crate) fn pack(format: QuantFormat, bytes: &[u8], rows: usize, nb: usize, out: &mut [u8]) {
+    let (bb, at, _) = layout_of(code(format));
+    let tile_bytes = TILE * nb * bb;
+    let row_bytes = nb * bb;
+    out[..rows * row_bytes]
+        .par_chunks_mut(tile_bytes.max(1))
+        .enumerate()
+        .for_each(|(t, dst)| {
+            for r in 0..TILE {
+                let row = t * TILE + r;
+                let src = &bytes[row * row_bytes..(row + 1) * row_bytes];
+                for b in 0..nb {
+                    each_run(bb, at, |i, run| {
+                        let o = place(bb, at, nb, r, b, i);
+                        dst[o..o + run].copy_from_slice(&src[b * bb + i..b * bb + i + run]);
+                    });
+                }
+            }
+        });
+}
+
+/// Rows `first..first + out.len() / row_bytes` of the tiled matrix
+/// `tiles` (`nb` blocks a row), in the file's layout.
+pub(crate) fn unpack_rows(
+    format: QuantFormat,
+    tiles: &[u8],
+    nb: usize,
+    first: usize,
+    out: &mut [u8],
+) {
+    let (bb, at, _) = layout_of(code(format));
+    let row_bytes = nb * bb;
+    for (i, dst) in out.chunks_exact_mut(row_bytes.max(1)).enumerate() {
+        let row = first + i;
+        for b in 0..nb {
+            each_run(bb, at, |j, run| {
+                let o = place(bb, at, nb, row, b, j);
+                dst[b * bb + j..b * bb + j + run].copy_from_slice(&tiles[o..o + run]);
+            });
+        }
+    }
+}
+
+/// The whole tiled matrix (`rows` of `nb` blocks) in the file's layout.
+pub(crate) fn unpack(format: QuantFormat, tiles: &[u8], rows: usize, nb: usize) -> Vec<u8> {
+    let row_bytes = format.bytes_for(nb * QB);
+    let mut out = vec![0u8; rows * row_bytes];
+    // a tile of rows per task
+    out.par_chunks_mut((TILE * row_bytes).max(1))
+        .enumerate()
+        .for_each(|(t, dst)| unpack_rows(format, tiles, nb, t * TILE, dst));
+    out
+}
+
+/// As `qdot::dot_rows` on the tiles: `out[i * m + r] = w_{first + i} · x_r`
+/// for the `out.len() / m` rows from `first` (a multiple of [`TILE`], as
+/// is the row count): each tile against 4 rows of x at a time. Only on
+/// the AVX-512 VNNI path ([`fast_path`]).
+pub(crate) fn dot_tiles(
+    format: QuantFormat,
+    tiles: &[u8],
+    x: &QuantizedRows,
+    m: usize,
+    first: usize,
+    out: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let (bb, ..) = layout_of(code(format));
+        let tile_bytes = TILE * x.nb * bb;
+        for (t, dst) in out.chunks_mut(TILE * m).enumerate() {
+            let tile = &tiles[(first / TILE + t) * tile_bytes..][..tile_bytes];
+            let mut r = 0;
+            while r < m {
+                let n = (m - r).min(4);
+                // SAFETY: the caller checked that the processor has the
+                // features the kernel enables (`fast_path`, or the test)
+                unsafe {
+                    match (code(format), n) {
+                        (0, 1) => x86::tile::<0, 1>(tile, x, r, m, dst),
+                        (0, 2) => x86::tile::<0, 2>(tile, x, r, m, dst),
+                        (0, 3) => x86::tile::<0, 3>(tile, x, r, m, dst),
+                        (0, _) => x86::tile::<0, 4>(tile, x, r, m, dst),
+                        (1, 1) => x86::tile::<1, 1>(tile, x, r, m, dst),
+                        (1, 2) => x86::tile::<1, 2>(tile, x, r, m, dst),
+                        (1, 3) => x86::tile::<1, 3>(tile, x, r, m, dst),
+                        (1, _) => x86::tile::<1, 4>(tile, x, r, m, dst),
+                        (_, 1) => x86::tile::<2, 1>(tile, x, r, m, dst),
+                        (_, 2) => x86::tile::<2, 2>(tile, x, r, m, dst),
+                        (_, 3) => x86::tile::<2, 3>(tile, x, r, m, dst),
+                        (_, _) => x86::tile::<2, 4>(tile, x, r, m, dst),
+                    }
+                }
+                r += n;
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (format, tiles, x, m, first, out);
+        unreachable!("the tile kernel is x86-64 only (fast_path is false elsewhere)");
+    }
+}
+
+/// Offset of the 4 quants of x that meet quant vector `j` of block `b`
+/// (see the layout of `QuantizedRows`: a group's first halves, then its
+/// second halves).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+const fn x_at(b: usize, j: usize) -> usize {
+    (b / GB) * GB * QB + (b % GB) * 16 + if j < 4 { 4 * j } else { GB * 16 + 4 * (j - 4) }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{QuantizedRows, TILE, layout_of, x_at};
+    use std::arch::x86_64::*;
+
+    /// Bytes ahead of the block being read that are asked for, as the row
+    /// kernels (docs/tuning.md, "CPU weights in tiles of 16 rows").
+    const AHEAD: usize = 2560;
+
+    /// One tile against rows `r0..r0 + R` of x: `dst[lane * m + r0 + i]`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
+    pub(super) fn tile<const F: u8, const R: usize>(
+        tile: &[u8],
+        x: &QuantizedRows,
+        r0: usize,
+        m: usize,
+        dst: &mut [f32],
+    ) {
+        let (bb, at, bias) = layout_of(F);
+        let nq = (bb - at) / 4;
+        let quants = nq * 64;
+        let tb = TILE * bb;
+        let nb = x.nb;
+        assert!(tile.len() >= nb * tb);
+        let zero = _mm512_setzero_si512();
+        let low4 = _mm512_set1_epi8(15);
+        let flip = _mm512_set1_epi8(-128);
+        let xq: [&[i8]; R] = std::array::from_fn(|i| x.q_row(r0 + i));
+        let xd: [&[f32]; R] = std::array::from_fn(|i| &x.d_row(r0 + i)[..nb]);
+        let xs: [&[f32]; R] = std::array::from_fn(|i| &x.s_row(r0 + i)[..nb]);
+        let mut acc = [_mm512_setzero_ps(); R];
+        for b in 0..nb {
+            let blk = &tile[b * tb..(b + 1) * tb];
+            let ahead = blk.as_ptr().wrapping_add(AHEAD);
+            for l in 0..tb.div_ceil(64) {
+                // a prefetch never faults
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * l).cast());
+            }
+            // SAFETY: every load reads inside `blk` (64-byte vectors from
+            // 0 to `quants`, then 32 bytes of scales and of minima)
+            let load = |o: usize| unsafe { _mm512_loadu_si512(blk[o..o + 64].as_ptr().cast()) };
+            let half = |o: usize| unsafe {
+                _mm512_cvtph_ps(_mm256_loadu_si256(blk[o..o + 32].as_ptr().cast()))
+            };
+            let mut w = [zero; 8];
+            if F == 0 {
+                for (j, w) in w.iter_mut().enumerate() {
+                    *w = _mm512_xor_si512(load(64 * j), flip);
+                }
+            } else {
+                for j in 0..4 {
+                    let v = load(64 * j);
+                    w[j] = _mm512_and_si512(v, low4);
+                    w[j + 4] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low4);
+                }
+            }
+            let dw = half(quants);
+            for i in 0..R {
+                let q = &xq[i][x_at(b, 0)..x_at(b, 7) + 4];
+                let bc = |j: usize| {
+                    let o = x_at(b, j) - x_at(b, 0);
+                    _mm512_set1_epi32(i32::from_le_bytes([
+                        q[o] as u8,
+                        q[o + 1] as u8,
+                        q[o + 2] as u8,
+                        q[o + 3] as u8,
+                    ]))
+                };
+                // two chains of 4, then their sum
+                let mut d0 = _mm512_dpbusd_epi32(zero, w[0], bc(0));
+                let mut d1 = _mm512_dpbusd_epi32(zero, w[4], bc(4));
+                for j in 1..4 {
+                    d0 = _mm512_dpbusd_epi32(d0, w[j], bc(j));
+                    d1 = _mm512_dpbusd_epi32(d1, w[j + 4], bc(j + 4));
+                }
+                let dot = _mm512_cvtepi32_ps(_mm512_add_epi32(d0, d1));
+                let (dx, sx) = (xd[i][b], xs[i][b]);
+                if F == 2 {
+                    // Q4_1: dw · dx · Σu·q + m · sx
+                    let mw = half(quants + 32);
+                    acc[i] = _mm512_fmadd_ps(dot, _mm512_mul_ps(dw, _mm512_set1_ps(dx)), acc[i]);
+                    acc[i] = _mm512_fmadd_ps(mw, _mm512_set1_ps(sx), acc[i]);
+                } else {
+                    // dw · (dx · Σu·q - bias · sx)
+                    let t = _mm512_fmadd_ps(dot, _mm512_set1_ps(dx), _mm512_set1_ps(-bias * sx));
+                    acc[i] = _mm512_fmadd_ps(dw, t, acc[i]);
+                }
+            }
+        }
+        for (i, acc) in acc.iter().enumerate() {
+            let mut v = [0f32; TILE];
+            // SAFETY: `v` holds 16 f32
+            unsafe { _mm512_storeu_ps(v.as_mut_ptr(), *acc) };
+            for (lane, v) in v.iter().enumerate() {
+                if let Some(d) = dst.get_mut(lane * m + r0 + i) {
+                    *d = *v;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cpu::qdot::{self, WeightRows};
+
+    const FORMATS: [QuantFormat; 3] = [QuantFormat::Q8_0, QuantFormat::Q4_0, QuantFormat::Q4_1];
+
+    fn values(n: usize, seed: u64) -> Vec<f32> {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect()
+    }
+
+    #[test]
+    fn unpacking_gives_back_the_file_layout() {
+        for format in FORMATS {
+            for (rows, k) in [(16, 32), (32, 96), (48, 160)] {
+                let bytes = qdot::tests::quantize(format, &values(rows * k, 3));
+                let nb = k / QB;
+                let mut tiles = vec![0u8; bytes.len()];
+                pack(format, &bytes, rows, nb, &mut tiles);
+                assert_ne!(
+                    tiles, bytes,
+                    "{format} {rows}x{k}: the tiles are a new order"
+                );
+                assert_eq!(
+                    unpack(format, &tiles, rows, nb),
+                    bytes,
+                    "{format} {rows}x{k}"
+                );
+                let row_bytes = format.bytes_for(k);
+                let mut one = vec![0u8; row_bytes];
+                unpack_rows(format, &tiles, nb, rows - 3, &mut one);
+                assert_eq!(one, bytes[(rows - 3) * row_bytes..(rows - 2) * row_bytes]);
+            }
+        }
+    }
+
+    /// The tile kernel against the scalar row kernel, which it must match
+    /// up to the order of f32 additions.
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn tiles_match_the_row_kernel() {
+        if !crate::cpu_isa_available().contains(&crate::CpuIsa::Avx512) {
+            eprintln!("no AVX-512 VNNI here: the tile kernel is not run");
+            return;
+        }
+        for format in FORMATS {
+            // group of 4 blocks whole, cut short, and long rows
+            for (rows, k) in [(16, 32), (32, 96), (48, 160), (16, 576), (32, 2080)] {
+                let bytes = qdot::tests::quantize(format, &values(rows * k, 7));
+                let nb = k / QB;
+                let mut tiles = vec![0u8; bytes.len()];
+                pack(format, &bytes, rows, nb, &mut tiles);
+                for m in [1, 2, 3, 4, 5, 7, 8, 13] {
+                    let xs = values(m * k, 11 + m as u64);
+                    let x = QuantizedRows::new(Path::Avx512Vnni, &xs, m, k);
+                    let mut want = vec![0f32; rows * m];
+                    let w = WeightRows::new(format, &bytes, format.bytes_for(k));
+                    qdot::dot_rows(Path::Scalar, w, &x, m, &mut want);
+                    // from the second tile on, as a task of a split product
+                    let first = if rows > TILE { TILE } else { 0 };
+                    let mut got = vec![0f32; (rows - first) * m];
+                    dot_tiles(format, &tiles, &x, m, first, &mut got);
+                    let want = &want[first * m..];
+                    let scale = want.iter().fold(1e-3f32, |a, v| a.max(v.abs()));
+                    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+                        assert!(
+                            (g - w).abs() <= 1e-5 * scale * (k as f32).sqrt(),
+                            "{format} {rows}x{k} m={m} #{i}: {g} vs {w}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
