@@ -104,7 +104,7 @@ impl QTensor {
                 if packed::wanted(format, rows, cols) {
                     // tiles of 16 rows for the decode kernel, marked by
                     // the shape [tiles, words a tile]
-                    packed::pack(format, bytes, rows, cols / 32, dst);
+                    packed::pack(format, bytes, rows, cols / format.block_elems(), dst);
                     shape = vec![rows / packed::TILE, n_words / (rows / packed::TILE)];
                 } else {
                     dst.copy_from_slice(bytes);

@@ -1,18 +1,27 @@
-//! Q4_0 / Q4_1 / Q8_0 weights on the CPU in tiles of 16 rows, the layout
-//! of the AVX-512 VNNI decode kernel (as llama.cpp repacks weights for its
-//! AMX and VNNI kernels).
+//! Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0, Q4_K and Q5_K weights on the CPU in
+//! tiles of 16 rows, the layout of the AVX-512 VNNI kernels (as llama.cpp
+//! repacks weights for its AMX and VNNI kernels).
 //!
 //! A matrix of `rows` (a multiple of [`TILE`]) by `nb` blocks is stored as
 //! `rows / 16` tiles, each its `nb` blocks in order, and each block of a
 //! tile as 16 times the bytes of one block: first the quants, as vectors
 //! of 64 bytes whose 32-bit lane `r` holds bytes `4j..4j + 4` of the quants
-//! of row `r` (4 vectors for Q4, 8 for Q8_0), then the 16 rows' scales
-//! (f16), then for Q4_1 their minima. One load then gives 16 rows'
-//! quants in the lanes that `vpdpbusd` sums: a Q4 vector's low nibbles hold
-//! values `4j..4j + 4` of each row, its high nibbles values `16 + 4j..`,
+//! of row `r` (4 vectors for Q4 and Q5, 8 for Q8_0), then the bytes
+//! before the quants in the block, 2 at a time, each pair as an array of
+//! 16 (the scales, the minima of Q4_1 and Q5_1, the two halves of Q5's
+//! fifth bits). One load then gives 16 rows' quants in the lanes that
+//! `vpdpbusd` sums: a Q4 vector's low nibbles hold values `4j..4j + 4` of
+//! each row, its high nibbles values `16 + 4j..`,
 //! both met by 4 bytes of x broadcast to every lane, and a block's 16
 //! results come out as a vector with no horizontal sum. The matrix keeps
 //! its size; a tile's blocks are one stream in memory.
+//!
+//! Q4_K and Q5_K superblocks take the same layout: 32 vectors of quants
+//! (4 runs of 8, each run's low nibbles one sub-block of 32 and its high
+//! nibbles the next), then the 16 bytes before them 2 at a time (the
+//! scale, the minimum's scale, the 12 bytes of 6-bit sub-block scales and
+//! minima, and Q5_K's 32 bytes of fifth bits). Q6_K keeps the file's
+//! layout and the row kernels.
 //!
 //! Where the processor, the instruction-set switch or the exact path rule
 //! the kernel out, the products and lookups read the rows back out of the
@@ -20,7 +29,7 @@
 
 use rayon::prelude::*;
 
-use super::qdot::{GB, Path, QB, QuantizedRows, code, layout_of};
+use super::qdot::{GB, K_SUB, Path, QB, QuantizedRows, code, has_high, has_min, is_k, layout_of};
 use crate::quant::QuantFormat;
 
 /// Weight rows per tile: the 16 lanes of a 512-bit vector of i32.
@@ -32,11 +41,17 @@ pub(crate) const TILE: usize = 16;
 pub(crate) fn wanted(format: QuantFormat, rows: usize, cols: usize) -> bool {
     matches!(
         format,
-        QuantFormat::Q4_0 | QuantFormat::Q4_1 | QuantFormat::Q8_0
+        QuantFormat::Q4_0
+            | QuantFormat::Q4_1
+            | QuantFormat::Q5_0
+            | QuantFormat::Q5_1
+            | QuantFormat::Q8_0
+            | QuantFormat::Q4_K
+            | QuantFormat::Q5_K
     ) && rows > 0
         && rows.is_multiple_of(TILE)
         && cols > 0
-        && cols.is_multiple_of(QB)
+        && cols.is_multiple_of(format.block_elems())
         && super::cpu_int8_activations()
         && fast_path()
 }
@@ -129,7 +144,7 @@ pub(crate) fn unpack_rows(
 
 /// The whole tiled matrix (`rows` of `nb` blocks) in the file's layout.
 pub(crate) fn unpack(format: QuantFormat, tiles: &[u8], rows: usize, nb: usize) -> Vec<u8> {
-    let row_bytes = format.bytes_for(nb * QB);
+    let row_bytes = format.bytes_for(nb * format.block_elems());
     let mut out = vec![0u8; rows * row_bytes];
     // a tile of rows per task
     out.par_chunks_mut((TILE * row_bytes).max(1))
@@ -153,7 +168,12 @@ pub(crate) fn dot_tiles(
     #[cfg(target_arch = "x86_64")]
     {
         let (bb, ..) = layout_of(code(format));
-        let tile_bytes = TILE * x.nb * bb;
+        let blocks = if is_k(code(format)) {
+            x.nb / K_SUB
+        } else {
+            x.nb
+        };
+        let tile_bytes = TILE * blocks * bb;
         for (t, dst) in out.chunks_mut(TILE * m).enumerate() {
             let tile = &tiles[(first / TILE + t) * tile_bytes..][..tile_bytes];
             let mut r = 0;
@@ -171,6 +191,22 @@ pub(crate) fn dot_tiles(
                         (1, 2) => x86::tile::<1, 2>(tile, x, r, m, dst),
                         (1, 3) => x86::tile::<1, 3>(tile, x, r, m, dst),
                         (1, _) => x86::tile::<1, 4>(tile, x, r, m, dst),
+                        (3, 1) => x86::tile::<3, 1>(tile, x, r, m, dst),
+                        (3, 2) => x86::tile::<3, 2>(tile, x, r, m, dst),
+                        (3, 3) => x86::tile::<3, 3>(tile, x, r, m, dst),
+                        (3, _) => x86::tile::<3, 4>(tile, x, r, m, dst),
+                        (4, 1) => x86::tile::<4, 1>(tile, x, r, m, dst),
+                        (4, 2) => x86::tile::<4, 2>(tile, x, r, m, dst),
+                        (4, 3) => x86::tile::<4, 3>(tile, x, r, m, dst),
+                        (4, _) => x86::tile::<4, 4>(tile, x, r, m, dst),
+                        (5, 1) => x86::tile_k::<5, 1>(tile, x, r, m, dst),
+                        (5, 2) => x86::tile_k::<5, 2>(tile, x, r, m, dst),
+                        (5, 3) => x86::tile_k::<5, 3>(tile, x, r, m, dst),
+                        (5, _) => x86::tile_k::<5, 4>(tile, x, r, m, dst),
+                        (6, 1) => x86::tile_k::<6, 1>(tile, x, r, m, dst),
+                        (6, 2) => x86::tile_k::<6, 2>(tile, x, r, m, dst),
+                        (6, 3) => x86::tile_k::<6, 3>(tile, x, r, m, dst),
+                        (6, _) => x86::tile_k::<6, 4>(tile, x, r, m, dst),
                         (_, 1) => x86::tile::<2, 1>(tile, x, r, m, dst),
                         (_, 2) => x86::tile::<2, 2>(tile, x, r, m, dst),
                         (_, 3) => x86::tile::<2, 3>(tile, x, r, m, dst),
@@ -199,12 +235,204 @@ const fn x_at(b: usize, j: usize) -> usize {
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{QuantizedRows, TILE, layout_of, x_at};
+    use super::{QuantizedRows, TILE, has_high, has_min, layout_of, x_at};
     use std::arch::x86_64::*;
 
     /// Bytes ahead of the block being read that are asked for, as the row
     /// kernels (docs/tuning.md, "CPU weights in tiles of 16 rows").
     const AHEAD: usize = 2560;
+
+    /// `(v >> shift) & mask` in each 32-bit lane.
+    #[inline(always)]
+    fn bits(v: __m512i, shift: u32, mask: i32) -> __m512i {
+        // SAFETY: AVX-512 F, which every caller enables
+        unsafe {
+            _mm512_and_si512(
+                _mm512_srlv_epi32(v, _mm512_set1_epi32(shift as i32)),
+                _mm512_set1_epi32(mask),
+            )
+        }
+    }
+
+    /// One tile of Q4_K (`F` 5) or Q5_K (6) superblocks against rows
+    /// `r0..r0 + R` of x, as [`tile`]. A superblock's quants are 4 runs
+    /// of 8 vectors, whose low nibbles are sub-block `2p` and high nibbles
+    /// sub-block `2p + 1`; its 6-bit scales and minima are decoded for the
+    /// 16 rows at once from the three words of each row's 12 bytes.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
+    pub(super) fn tile_k<const F: u8, const R: usize>(
+        tile: &[u8],
+        x: &QuantizedRows,
+        r0: usize,
+        m: usize,
+        dst: &mut [f32],
+    ) {
+        let (bb, at, _) = layout_of(F);
+        let quants = (bb - at) * TILE;
+        let tb = TILE * bb;
+        let nsb = x.nb / super::K_SUB;
+        assert!(tile.len() >= nsb * tb);
+        let zero = _mm512_setzero_si512();
+        let low4 = _mm512_set1_epi8(15);
+        let sixteen = _mm512_set1_epi8(16);
+        let xq: [&[i8]; R] = std::array::from_fn(|i| x.q_row(r0 + i));
+        let xd: [&[f32]; R] = std::array::from_fn(|i| &x.d_row(r0 + i)[..x.nb]);
+        let xs: [&[f32]; R] = std::array::from_fn(|i| &x.s_row(r0 + i)[..x.nb]);
+        let mut acc = [_mm512_setzero_ps(); R];
+        for sb in 0..nsb {
+            let blk = &tile[sb * tb..(sb + 1) * tb];
+            let ahead = blk.as_ptr().wrapping_add(AHEAD);
+            for l in 0..tb.div_ceil(64) {
+                // a prefetch never faults
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * l).cast());
+            }
+            // SAFETY: every load reads inside `blk`: 64-byte vectors of
+            // quants below `quants`, then arrays of 16 halves (32 bytes)
+            let load = |o: usize| unsafe { _mm512_loadu_si512(blk[o..o + 64].as_ptr().cast()) };
+            let half = |o: usize| unsafe {
+                _mm512_cvtph_ps(_mm256_loadu_si256(blk[o..o + 32].as_ptr().cast()))
+            };
+            let u16s = |o: usize| unsafe {
+                _mm512_cvtepu16_epi32(_mm256_loadu_si256(blk[o..o + 32].as_ptr().cast()))
+            };
+            // the bytes before the quants, 2 at a time: field f at quants + 32 f
+            let word = |f: usize| {
+                _mm512_or_si512(
+                    u16s(quants + 32 * f),
+                    _mm512_slli_epi32::<16>(u16s(quants + 32 * (f + 1))),
+                )
+            };
+            let d = half(quants);
+            let dmin = half(quants + 32);
+            let (s0, s1, s2) = (word(2), word(4), word(6));
+            for p in 0..4 {
+                let mut lo = [zero; 8];
+                let mut hi = [zero; 8];
+                for v in 0..8 {
+                    let q = load(64 * (8 * p + v));
+                    lo[v] = _mm512_and_si512(q, low4);
+                    hi[v] = _mm512_and_si512(_mm512_srli_epi16::<4>(q), low4);
+                }
+                if F == 6 {
+                    // fifth bits: bit j of byte i of qh (bytes 16..48)
+                    for v in 0..8 {
+                        let qh = word(8 + 2 * v);
+                        let l = _mm512_test_epi8_mask(qh, _mm512_set1_epi8(1 << (2 * p)));
+                        let h = _mm512_test_epi8_mask(qh, _mm512_set1_epi8((2u8 << (2 * p)) as i8));
+                        lo[v] = _mm512_or_si512(lo[v], _mm512_maskz_mov_epi8(l, sixteen));
+                        hi[v] = _mm512_or_si512(hi[v], _mm512_maskz_mov_epi8(h, sixteen));
+                    }
+                }
+                // scales and minima of sub-blocks 2p and 2p + 1
+                let scale = |j: usize| {
+                    let (sc, mn) = if j < 4 {
+                        (bits(s0, 8 * j as u32, 63), bits(s1, 8 * j as u32, 63))
+                    } else {
+                        let t = 8 * (j - 4) as u32;
+                        (
+                            _mm512_or_si512(
+                                bits(s2, t, 15),
+                                _mm512_slli_epi32::<4>(bits(s0, t + 6, 3)),
+                            ),
+                            _mm512_or_si512(
+                                bits(s2, t + 4, 15),
+                                _mm512_slli_epi32::<4>(bits(s1, t + 6, 3)),
+                            ),
+                        )
+                    };
+                    (
+                        _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc)),
+                        _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(mn)),
+                    )
+                };
+                let (dl, ml) = scale(2 * p);
+                let (dh, mh) = scale(2 * p + 1);
+                let b = sb * super::K_SUB + 2 * p;
+                for i in 0..R {
+                    let dot = |u: &[__m512i; 8], b: usize| {
+                        let q = &xq[i][x_at(b, 0)..x_at(b, 7) + 4];
+                        let bc = |j: usize| {
+                            let o = x_at(b, j) - x_at(b, 0);
+                            _mm512_set1_epi32(i32::from_le_bytes([
+                                q[o] as u8,
+                                q[o + 1] as u8,
+                                q[o + 2] as u8,
+                                q[o + 3] as u8,
+                            ]))
+                        };
+                        let mut d0 = _mm512_dpbusd_epi32(zero, u[0], bc(0));
+                        let mut d1 = _mm512_dpbusd_epi32(zero, u[4], bc(4));
+                        for j in 1..4 {
+                            d0 = _mm512_dpbusd_epi32(d0, u[j], bc(j));
+                            d1 = _mm512_dpbusd_epi32(d1, u[j + 4], bc(j + 4));
+                        }
+                        _mm512_cvtepi32_ps(_mm512_add_epi32(d0, d1))
+                    };
+                    // w = d·sc·u - dmin·m: dx · (d·sc) · Σu·q - (dmin·m) · sx
+                    let (a, c) = (dot(&lo, b), dot(&hi, b + 1));
+                    let t = _mm512_mul_ps(a, _mm512_set1_ps(xd[i][b]));
+                    acc[i] = _mm512_fmadd_ps(dl, t, acc[i]);
+                    acc[i] = _mm512_fnmadd_ps(ml, _mm512_set1_ps(xs[i][b]), acc[i]);
+                    let t = _mm512_mul_ps(c, _mm512_set1_ps(xd[i][b + 1]));
+                    acc[i] = _mm512_fmadd_ps(dh, t, acc[i]);
+                    acc[i] = _mm512_fnmadd_ps(mh, _mm512_set1_ps(xs[i][b + 1]), acc[i]);
+                }
+            }
+        }
+        store(&acc, r0, m, dst);
+    }
+
+    /// The 16 lanes of each accumulator into `dst[lane * m + r0 + i]`.
+    #[inline(always)]
+    fn store<const R: usize>(acc: &[__m512; R], r0: usize, m: usize, dst: &mut [f32]) {
+        for (i, acc) in acc.iter().enumerate() {
+            let mut v = [0f32; TILE];
+            // SAFETY: `v` holds 16 f32
+            unsafe { _mm512_storeu_ps(v.as_mut_ptr(), *acc) };
+            for (lane, v) in v.iter().enumerate() {
+                if let Some(d) = dst.get_mut(lane * m + r0 + i) {
+                    *d = *v;
+                }
+            }
+        }
+    }
+
+    /// Byte masks of the quants of vector `j` (4 bytes a lane) whose fifth
+    /// bit is set in the lane's `qh`: for the low nibbles (bits `4j..4j +
+    /// 4`) and the high ones (bits `16 + 4j..`).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    fn fifth_bits(qh: __m512i, j: usize) -> (__mmask64, __mmask64) {
+        // each byte of a lane takes the byte of qh holding its bit
+        let (a, b) = ((j / 2) as i8, (2 + j / 2) as i8);
+        let pick = |c: i8| {
+            _mm512_broadcast_i32x4(_mm_setr_epi8(
+                c,
+                c,
+                c,
+                c,
+                c + 4,
+                c + 4,
+                c + 4,
+                c + 4,
+                c + 8,
+                c + 8,
+                c + 8,
+                c + 8,
+                c + 12,
+                c + 12,
+                c + 12,
+                c + 12,
+            ))
+        };
+        let o = 4 * (j % 2) as u32;
+        let bits = _mm512_set1_epi32(i32::from_le_bytes([1 << o, 2 << o, 4 << o, 8 << o]));
+        (
+            _mm512_test_epi8_mask(_mm512_shuffle_epi8(qh, pick(a)), bits),
+            _mm512_test_epi8_mask(_mm512_shuffle_epi8(qh, pick(b)), bits),
+        )
+    }
 
     /// One tile against rows `r0..r0 + R` of x: `dst[lane * m + r0 + i]`.
     #[inline]
@@ -254,6 +482,24 @@ mod x86 {
                     w[j + 4] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low4);
                 }
             }
+            if has_high(F) {
+                // the 16 rows' fifth bits (two arrays of halves), to bit 4
+                // of each quant: vector j's low nibbles take bits
+                // `4j..4j + 4`, its high ones bits `16 + 4j..`
+                let half16 = |o: usize| unsafe {
+                    _mm512_cvtepu16_epi32(_mm256_loadu_si256(blk[o..o + 32].as_ptr().cast()))
+                };
+                let qh = _mm512_or_si512(
+                    half16(quants + 32 * ((at - 4) / 2)),
+                    _mm512_slli_epi32::<16>(half16(quants + 32 * ((at - 2) / 2))),
+                );
+                let sixteen = _mm512_set1_epi8(16);
+                for j in 0..4 {
+                    let (lo, hi) = fifth_bits(qh, j);
+                    w[j] = _mm512_or_si512(w[j], _mm512_maskz_mov_epi8(lo, sixteen));
+                    w[j + 4] = _mm512_or_si512(w[j + 4], _mm512_maskz_mov_epi8(hi, sixteen));
+                }
+            }
             let dw = half(quants);
             for i in 0..R {
                 let q = &xq[i][x_at(b, 0)..x_at(b, 7) + 4];
@@ -275,8 +521,8 @@ mod x86 {
                 }
                 let dot = _mm512_cvtepi32_ps(_mm512_add_epi32(d0, d1));
                 let (dx, sx) = (xd[i][b], xs[i][b]);
-                if F == 2 {
-                    // Q4_1: dw · dx · Σu·q + m · sx
+                if has_min(F) {
+                    // Q4_1, Q5_1: dw · dx · Σu·q + m · sx
                     let mw = half(quants + 32);
                     acc[i] = _mm512_fmadd_ps(dot, _mm512_mul_ps(dw, _mm512_set1_ps(dx)), acc[i]);
                     acc[i] = _mm512_fmadd_ps(mw, _mm512_set1_ps(sx), acc[i]);
@@ -287,16 +533,7 @@ mod x86 {
                 }
             }
         }
-        for (i, acc) in acc.iter().enumerate() {
-            let mut v = [0f32; TILE];
-            // SAFETY: `v` holds 16 f32
-            unsafe { _mm512_storeu_ps(v.as_mut_ptr(), *acc) };
-            for (lane, v) in v.iter().enumerate() {
-                if let Some(d) = dst.get_mut(lane * m + r0 + i) {
-                    *d = *v;
-                }
-            }
-        }
+        store(&acc, r0, m, dst);
     }
 }
 
@@ -305,7 +542,25 @@ mod tests {
     use super::*;
     use crate::backend::cpu::qdot::{self, WeightRows};
 
-    const FORMATS: [QuantFormat; 3] = [QuantFormat::Q8_0, QuantFormat::Q4_0, QuantFormat::Q4_1];
+    const FORMATS: [QuantFormat; 7] = [
+        QuantFormat::Q8_0,
+        QuantFormat::Q4_0,
+        QuantFormat::Q4_1,
+        QuantFormat::Q5_0,
+        QuantFormat::Q5_1,
+        QuantFormat::Q4_K,
+        QuantFormat::Q5_K,
+    ];
+
+    /// `simple` for the formats of 32-value blocks, whole superblocks of
+    /// 256 (one, three, nine) for the K-quants.
+    fn shapes(format: QuantFormat, simple: &'static [(usize, usize)]) -> &'static [(usize, usize)] {
+        if format.block_elems() == 256 {
+            &[(16, 256), (32, 768), (48, 2304)]
+        } else {
+            simple
+        }
+    }
 
     fn values(n: usize, seed: u64) -> Vec<f32> {
         use rand::{Rng, SeedableRng};
@@ -316,9 +571,9 @@ mod tests {
     #[test]
     fn unpacking_gives_back_the_file_layout() {
         for format in FORMATS {
-            for (rows, k) in [(16, 32), (32, 96), (48, 160)] {
+            for &(rows, k) in shapes(format, &[(16, 32), (32, 96), (48, 160)]) {
                 let bytes = qdot::tests::quantize(format, &values(rows * k, 3));
-                let nb = k / QB;
+                let nb = k / format.block_elems();
                 let mut tiles = vec![0u8; bytes.len()];
                 pack(format, &bytes, rows, nb, &mut tiles);
                 assert_ne!(
@@ -333,7 +588,7 @@ mod tests {
                 let row_bytes = format.bytes_for(k);
                 let mut one = vec![0u8; row_bytes];
                 unpack_rows(format, &tiles, nb, rows - 3, &mut one);
-                assert_eq!(one, bytes[(rows - 3) * row_bytes..(rows - 2) * row_bytes]);
+                assert!(one == bytes[(rows - 3) * row_bytes..(rows - 2) * row_bytes]);
             }
         }
     }
@@ -349,9 +604,11 @@ mod tests {
         }
         for format in FORMATS {
             // group of 4 blocks whole, cut short, and long rows
-            for (rows, k) in [(16, 32), (32, 96), (48, 160), (16, 576), (32, 2080)] {
+            const SIMPLE: [(usize, usize); 5] =
+                [(16, 32), (32, 96), (48, 160), (16, 576), (32, 2080)];
+            for &(rows, k) in shapes(format, &SIMPLE) {
                 let bytes = qdot::tests::quantize(format, &values(rows * k, 7));
-                let nb = k / QB;
+                let nb = k / format.block_elems();
                 let mut tiles = vec![0u8; bytes.len()];
                 pack(format, &bytes, rows, nb, &mut tiles);
                 for m in [1, 2, 3, 4, 5, 7, 8, 13] {

@@ -15,7 +15,8 @@
 //! (`qgemm::integer_prefill`) take the f32 panels there, with x rounded to
 //! 8 bits as the integer kernels round it.
 //!
-//! Q4_0 / Q4_1 / Q8_0 matrices that the CPU stores in tiles of 16 rows
+//! Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K matrices that the CPU
+//! stores in tiles of 16 rows
 //! (`packed`, on the AVX-512 VNNI path) take the tile kernel for any
 //! number of rows of x, or are read back out of the tiles where the path
 //! in effect has changed since they were loaded.
@@ -73,7 +74,7 @@ pub fn qmatmul(
     let tiles_run = tiled && int8.is_some() && packed::fast_path();
     let unpacked: Vec<u8>;
     if tiled && !tiles_run {
-        unpacked = packed::unpack(format, wb, n, k / 32);
+        unpacked = packed::unpack(format, wb, n, k / format.block_elems());
         wb = &unpacked;
     }
     if m > 0 && n > 0 && tiles_run {
@@ -248,7 +249,7 @@ pub fn qrows(
             });
         }
         if tiled {
-            packed::unpack_rows(format, wb, k / 32, id, &mut row);
+            packed::unpack_rows(format, wb, k / format.block_elems(), id, &mut row);
             format.decode_into(&row, dst);
         } else {
             format.decode_into(&wb[id * row_bytes..(id + 1) * row_bytes], dst);
