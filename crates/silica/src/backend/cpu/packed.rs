@@ -1,6 +1,6 @@
-//! Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0, Q4_K and Q5_K weights on the CPU in
-//! tiles of 16 rows, the layout of the AVX-512 VNNI kernels (as llama.cpp
-//! repacks weights for its AMX and VNNI kernels).
+//! Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 (and Q4_K where [`k_tiles`]) weights
+//! on the CPU in tiles of 16 rows, the layout of the AVX-512 VNNI kernels
+//! (as llama.cpp repacks weights for its AMX and VNNI kernels).
 //!
 //! A matrix of `rows` (a multiple of [`TILE`]) by `nb` blocks is stored as
 //! `rows / 16` tiles, each its `nb` blocks in order, and each block of a
@@ -16,12 +16,12 @@
 //! results come out as a vector with no horizontal sum. The matrix keeps
 //! its size; a tile's blocks are one stream in memory.
 //!
-//! Q4_K and Q5_K superblocks take the same layout: 32 vectors of quants
-//! (4 runs of 8, each run's low nibbles one sub-block of 32 and its high
-//! nibbles the next), then the 16 bytes before them 2 at a time (the
-//! scale, the minimum's scale, the 12 bytes of 6-bit sub-block scales and
-//! minima, and Q5_K's 32 bytes of fifth bits). Q6_K keeps the file's
-//! layout and the row kernels.
+//! Q4_K superblocks take the same layout: 32 vectors of quants (4 runs of
+//! 8, each run's low nibbles one sub-block of 32 and its high nibbles the
+//! next), then the 16 bytes before them 2 at a time (the scale, the
+//! minimum's scale, the 12 bytes of 6-bit sub-block scales and minima).
+//! Q5_K and Q6_K keep the file's layout and the row kernels (Q5_K's tiles
+//! were slower on both processors measured).
 //!
 //! Where the processor, the instruction-set switch or the exact path rule
 //! the kernel out, the products and lookups read the rows back out of the
@@ -39,21 +39,41 @@ pub(crate) const TILE: usize = 16;
 /// the formats of the kernel, whole tiles, and the kernel's path in effect
 /// with 8-bit activations on.
 pub(crate) fn wanted(format: QuantFormat, rows: usize, cols: usize) -> bool {
-    matches!(
+    (matches!(
         format,
         QuantFormat::Q4_0
             | QuantFormat::Q4_1
             | QuantFormat::Q5_0
             | QuantFormat::Q5_1
             | QuantFormat::Q8_0
-            | QuantFormat::Q4_K
-            | QuantFormat::Q5_K
-    ) && rows > 0
+    ) || format == QuantFormat::Q4_K && k_tiles())
+        && rows > 0
         && rows.is_multiple_of(TILE)
         && cols > 0
         && cols.is_multiple_of(format.block_elems())
         && super::cpu_int8_activations()
         && fast_path()
+}
+
+/// Whether Q4_K matrices take tiles: on processors with AMX (Intel Xeons
+/// from Sapphire Rapids on), where the tiles' 1B-shaped products were
+/// 15–40% faster than the row kernels, and not elsewhere: on a Zen 5 EPYC
+/// they were 15–35% slower (docs/tuning.md, "CPU weights in tiles of 16
+/// rows"). AMX itself is not used.
+fn k_tiles() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static AMX: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
+            // CPUID leaf 7: EDX bit 25 is AMX-INT8
+            let leaf7 = std::arch::x86_64::__cpuid_count(7, 0);
+            leaf7.edx & (1 << 25) != 0
+        });
+        *AMX
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
 }
 
 /// Whether the tile kernel runs on this thread now.
@@ -203,10 +223,6 @@ pub(crate) fn dot_tiles(
                         (5, 2) => x86::tile_k::<5, 2>(tile, x, r, m, dst),
                         (5, 3) => x86::tile_k::<5, 3>(tile, x, r, m, dst),
                         (5, _) => x86::tile_k::<5, 4>(tile, x, r, m, dst),
-                        (6, 1) => x86::tile_k::<6, 1>(tile, x, r, m, dst),
-                        (6, 2) => x86::tile_k::<6, 2>(tile, x, r, m, dst),
-                        (6, 3) => x86::tile_k::<6, 3>(tile, x, r, m, dst),
-                        (6, _) => x86::tile_k::<6, 4>(tile, x, r, m, dst),
                         (_, 1) => x86::tile::<2, 1>(tile, x, r, m, dst),
                         (_, 2) => x86::tile::<2, 2>(tile, x, r, m, dst),
                         (_, 3) => x86::tile::<2, 3>(tile, x, r, m, dst),
@@ -254,7 +270,7 @@ mod x86 {
         }
     }
 
-    /// One tile of Q4_K (`F` 5) or Q5_K (6) superblocks against rows
+    /// One tile of Q4_K superblocks (`F` 5) against rows
     /// `r0..r0 + R` of x, as [`tile`]. A superblock's quants are 4 runs
     /// of 8 vectors, whose low nibbles are sub-block `2p` and high nibbles
     /// sub-block `2p + 1`; its 6-bit scales and minima are decoded for the
@@ -275,7 +291,6 @@ mod x86 {
         assert!(tile.len() >= nsb * tb);
         let zero = _mm512_setzero_si512();
         let low4 = _mm512_set1_epi8(15);
-        let sixteen = _mm512_set1_epi8(16);
         let xq: [&[i8]; R] = std::array::from_fn(|i| x.q_row(r0 + i));
         let xd: [&[f32]; R] = std::array::from_fn(|i| &x.d_row(r0 + i)[..x.nb]);
         let xs: [&[f32]; R] = std::array::from_fn(|i| &x.s_row(r0 + i)[..x.nb]);
@@ -313,16 +328,6 @@ mod x86 {
                     let q = load(64 * (8 * p + v));
                     lo[v] = _mm512_and_si512(q, low4);
                     hi[v] = _mm512_and_si512(_mm512_srli_epi16::<4>(q), low4);
-                }
-                if F == 6 {
-                    // fifth bits: bit j of byte i of qh (bytes 16..48)
-                    for v in 0..8 {
-                        let qh = word(8 + 2 * v);
-                        let l = _mm512_test_epi8_mask(qh, _mm512_set1_epi8(1 << (2 * p)));
-                        let h = _mm512_test_epi8_mask(qh, _mm512_set1_epi8((2u8 << (2 * p)) as i8));
-                        lo[v] = _mm512_or_si512(lo[v], _mm512_maskz_mov_epi8(l, sixteen));
-                        hi[v] = _mm512_or_si512(hi[v], _mm512_maskz_mov_epi8(h, sixteen));
-                    }
                 }
                 // scales and minima of sub-blocks 2p and 2p + 1
                 let scale = |j: usize| {
@@ -542,14 +547,13 @@ mod tests {
     use super::*;
     use crate::backend::cpu::qdot::{self, WeightRows};
 
-    const FORMATS: [QuantFormat; 7] = [
+    const FORMATS: [QuantFormat; 6] = [
         QuantFormat::Q8_0,
         QuantFormat::Q4_0,
         QuantFormat::Q4_1,
         QuantFormat::Q5_0,
         QuantFormat::Q5_1,
         QuantFormat::Q4_K,
-        QuantFormat::Q5_K,
     ];
 
     /// `simple` for the formats of 32-value blocks, whole superblocks of

@@ -15,8 +15,8 @@
 //! (`qgemm::integer_prefill`) take the f32 panels there, with x rounded to
 //! 8 bits as the integer kernels round it.
 //!
-//! Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K matrices that the CPU
-//! stores in tiles of 16 rows
+//! Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 (and on some processors Q4_K)
+//! matrices that the CPU stores in tiles of 16 rows
 //! (`packed`, on the AVX-512 VNNI path) take the tile kernel for any
 //! number of rows of x, or are read back out of the tiles where the path
 //! in effect has changed since they were loaded.
