@@ -182,6 +182,54 @@ fn matmul_q_matches_the_dequantized_reference() {
     silica::set_cpu_isa(initial).unwrap();
 }
 
+/// Matrices of whole 16-row tiles, which the CPU stores in tiles of 16
+/// rows where its path has their kernel (AVX-512 VNNI): loaded once, then
+/// multiplied on every instruction set the processor has (the rows read
+/// back out of the tiles where the path changed since the load), looked
+/// up, and written back as the blocks they were made from.
+#[test]
+fn tiled_cpu_weights_behave_as_the_blocks() {
+    let _switch = int8_switch();
+    let initial = silica::cpu_isa();
+    let cpu = Device::cpu();
+    let (n, k) = (48, 512);
+    for format in QuantFormat::ALL {
+        let w = QTensor::random(format, &[n, k], 3, &cpu).unwrap();
+        let blocks = w.to_bytes().unwrap();
+        let again = QTensor::from_bytes(format, &[n, k], &blocks, &cpu).unwrap();
+        assert!(
+            again.to_bytes().unwrap() == blocks,
+            "{format}: blocks changed"
+        );
+        let wd = w.dequantize(DType::F32).unwrap();
+        let ids = Tensor::from_slice(&[47u32, 0, 16, 31], &[4], &cpu).unwrap();
+        let got: Vec<f32> = w.embedding(&ids, DType::F32).unwrap().to_vec().unwrap();
+        let want: Vec<f32> = wd.index_select(0, &ids).unwrap().to_vec().unwrap();
+        assert_eq!(got, want, "{format}: rows looked up");
+        for isa in silica::cpu_isa_available() {
+            silica::set_cpu_isa(isa).unwrap();
+            for m in [1, 5, 9] {
+                let x = Tensor::randn(&[m, k], DType::F32, 6, &cpu).unwrap();
+                let got: Vec<f32> = x.matmul_q(&w).unwrap().to_vec().unwrap();
+                let want: Vec<f32> = x.matmul(&wd.t().unwrap()).unwrap().to_vec().unwrap();
+                let slack = if silica::cpu_int8_activations() && int8_activations(format) {
+                    let (xv, wv): (Vec<f32>, Vec<f32>) =
+                        (x.to_vec().unwrap(), wd.to_vec().unwrap());
+                    rounding_bound(&xv, &wv, m, n, k)
+                } else {
+                    vec![0.0; m * n]
+                };
+                let err = rel_err_beyond(&got, &want, &slack);
+                assert!(
+                    err <= 1e-5,
+                    "{format} on {isa}, {m} rows: relative error {err:e}"
+                );
+            }
+        }
+        silica::set_cpu_isa(initial).unwrap();
+    }
+}
+
 /// `silica::set_cpu_int8_activations`: off, the CPU's Q4_0/Q4_1/Q8_0 and
 /// K-quant products are the exact f32 ones; on, within the 8-bit rounding
 /// bound.
