@@ -101,11 +101,11 @@ impl QTensor {
             Device::Cpu => {
                 let mut words = vec![0u32; n_words];
                 let dst = &mut bytemuck::cast_slice_mut::<u32, u8>(&mut words)[..len];
-                if packed::wanted(format, rows, cols) {
-                    // tiles of 16 rows for the decode kernel, marked by
-                    // the shape [tiles, words a tile]
-                    packed::pack(format, bytes, rows, cols / format.block_elems(), dst);
-                    shape = vec![rows / packed::TILE, n_words / (rows / packed::TILE)];
+                if let Some(tile) = packed::tile_rows(format, rows, cols) {
+                    // tiles of rows for the CPU's kernels, marked by the
+                    // shape [tiles, words a tile]
+                    packed::pack(format, tile, bytes, rows, cols / format.block_elems(), dst);
+                    shape = vec![rows / tile, n_words / (rows / tile)];
                 } else {
                     dst.copy_from_slice(bytes);
                 }
@@ -213,9 +213,10 @@ impl QTensor {
         let words: Vec<u32> = self.words.to_vec()?;
         let mut bytes: Vec<u8> = bytemuck::cast_slice(&words).to_vec();
         bytes.truncate(self.size_in_bytes());
-        if self.words.rank() == 2 {
+        if let &[tiles, _] = self.words.shape() {
             return Ok(packed::unpack(
                 self.format,
+                self.rows / tiles,
                 &bytes,
                 self.rows,
                 self.cols / self.format.block_elems(),

@@ -32,27 +32,33 @@ use rayon::prelude::*;
 use super::qdot::{GB, K_SUB, Path, QB, QuantizedRows, code, has_high, has_min, is_k, layout_of};
 use crate::quant::QuantFormat;
 
-/// Weight rows per tile: the 16 lanes of a 512-bit vector of i32.
+/// Weight rows per tile on the AVX-512 VNNI path: the 16 lanes of a
+/// 512-bit vector of i32.
 pub(crate) const TILE: usize = 16;
+/// Weight rows per tile on the AVX2 path where the processor has AVX-VNNI
+/// (256-bit `vpdpbusd`: Intel's cores from Alder Lake, Zen 5): 8 lanes.
+pub(crate) const TILE8: usize = 8;
 
-/// Whether the CPU stores a `[rows, cols]` matrix of `format` in tiles:
-/// the formats of the kernel, whole tiles, and the kernel's path in effect
-/// with 8-bit activations on.
-pub(crate) fn wanted(format: QuantFormat, rows: usize, cols: usize) -> bool {
-    (matches!(
+/// The rows per tile in which the CPU stores a `[rows, cols]` matrix of
+/// `format`, if it does: the formats of the kernels, whole tiles, and a
+/// path with a tile kernel in effect, with 8-bit activations on.
+pub(crate) fn tile_rows(format: QuantFormat, rows: usize, cols: usize) -> Option<usize> {
+    let tile = tile_of_path()?;
+    let simple = matches!(
         format,
         QuantFormat::Q4_0
             | QuantFormat::Q4_1
             | QuantFormat::Q5_0
             | QuantFormat::Q5_1
             | QuantFormat::Q8_0
-    ) || format == QuantFormat::Q4_K && k_tiles())
+    );
+    let ok = (simple || format == QuantFormat::Q4_K && tile == TILE && k_tiles())
         && rows > 0
-        && rows.is_multiple_of(TILE)
+        && rows.is_multiple_of(tile)
         && cols > 0
         && cols.is_multiple_of(format.block_elems())
-        && super::cpu_int8_activations()
-        && fast_path()
+        && super::cpu_int8_activations();
+    ok.then_some(tile)
 }
 
 /// Whether Q4_K matrices take tiles: on processors with AMX (Intel Xeons
@@ -76,32 +82,43 @@ fn k_tiles() -> bool {
     }
 }
 
-/// Whether the tile kernel runs on this thread now.
-pub(crate) fn fast_path() -> bool {
+/// The tile height of the kernel of the path in effect, if it has one.
+fn tile_of_path() -> Option<usize> {
     #[cfg(target_arch = "x86_64")]
     {
-        Path::detect() == Some(Path::Avx512Vnni)
+        static VNNI256: std::sync::LazyLock<bool> =
+            std::sync::LazyLock::new(|| std::arch::is_x86_feature_detected!("avxvnni"));
+        match Path::detect() {
+            Some(Path::Avx512Vnni) => Some(TILE),
+            Some(Path::Avx2) if *VNNI256 => Some(TILE8),
+            _ => None,
+        }
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        false
+        None
     }
+}
+
+/// Whether the kernel of tiles of `tile` rows runs on this thread now.
+pub(crate) fn fast_path(tile: usize) -> bool {
+    tile_of_path() == Some(tile)
 }
 
 /// Where byte `i` of block `b` of row `row` lies in the tiled matrix of
 /// `nb` blocks per row.
 #[inline(always)]
-fn place(bb: usize, at: usize, nb: usize, row: usize, b: usize, i: usize) -> usize {
-    let (t, r) = (row / TILE, row % TILE);
-    let base = (t * nb + b) * TILE * bb;
-    let quants = (bb - at) * TILE;
+fn place(tile: usize, bb: usize, at: usize, nb: usize, row: usize, b: usize, i: usize) -> usize {
+    let (t, r) = (row / tile, row % tile);
+    let base = (t * nb + b) * tile * bb;
+    let quants = (bb - at) * tile;
     if i < at {
         // the scale (i < 2) or the minimum, 2 bytes per row
         let field = i / 2;
-        base + quants + field * 2 * TILE + r * 2 + i % 2
+        base + quants + field * 2 * tile + r * 2 + i % 2
     } else {
         let q = i - at;
-        base + (q / 4) * 64 + r * 4 + q % 4
+        base + (q / 4) * 4 * tile + r * 4 + q % 4
     }
 }
 
@@ -118,21 +135,28 @@ fn each_run(bb: usize, at: usize, mut f: impl FnMut(usize, usize)) {
 }
 
 /// The matrix `bytes` (`rows` rows of `nb` blocks, the file's layout) in
-/// tiles.
-pub(crate) fn pack(format: QuantFormat, bytes: &[u8], rows: usize, nb: usize, out: &mut [u8]) {
+/// tiles of `tile` rows.
+pub(crate) fn pack(
+    format: QuantFormat,
+    tile: usize,
+    bytes: &[u8],
+    rows: usize,
+    nb: usize,
+    out: &mut [u8],
+) {
     let (bb, at, _) = layout_of(code(format));
-    let tile_bytes = TILE * nb * bb;
+    let tile_bytes = tile * nb * bb;
     let row_bytes = nb * bb;
     out[..rows * row_bytes]
         .par_chunks_mut(tile_bytes.max(1))
         .enumerate()
         .for_each(|(t, dst)| {
-            for r in 0..TILE {
-                let row = t * TILE + r;
+            for r in 0..tile {
+                let row = t * tile + r;
                 let src = &bytes[row * row_bytes..(row + 1) * row_bytes];
                 for b in 0..nb {
                     each_run(bb, at, |i, run| {
-                        let o = place(bb, at, nb, r, b, i);
+                        let o = place(tile, bb, at, nb, r, b, i);
                         dst[o..o + run].copy_from_slice(&src[b * bb + i..b * bb + i + run]);
                     });
                 }
@@ -140,10 +164,11 @@ pub(crate) fn pack(format: QuantFormat, bytes: &[u8], rows: usize, nb: usize, ou
         });
 }
 
-/// Rows `first..first + out.len() / row_bytes` of the tiled matrix
-/// `tiles` (`nb` blocks a row), in the file's layout.
+/// Rows `first..first + out.len() / row_bytes` of the matrix `tiles` in
+/// tiles of `tile` rows (`nb` blocks a row), in the file's layout.
 pub(crate) fn unpack_rows(
     format: QuantFormat,
+    tile: usize,
     tiles: &[u8],
     nb: usize,
     first: usize,
@@ -155,30 +180,39 @@ pub(crate) fn unpack_rows(
         let row = first + i;
         for b in 0..nb {
             each_run(bb, at, |j, run| {
-                let o = place(bb, at, nb, row, b, j);
+                let o = place(tile, bb, at, nb, row, b, j);
                 dst[b * bb + j..b * bb + j + run].copy_from_slice(&tiles[o..o + run]);
             });
         }
     }
 }
 
-/// The whole tiled matrix (`rows` of `nb` blocks) in the file's layout.
-pub(crate) fn unpack(format: QuantFormat, tiles: &[u8], rows: usize, nb: usize) -> Vec<u8> {
+/// The whole matrix in tiles of `tile` rows (`rows` of `nb` blocks) in the
+/// file's layout.
+pub(crate) fn unpack(
+    format: QuantFormat,
+    tile: usize,
+    tiles: &[u8],
+    rows: usize,
+    nb: usize,
+) -> Vec<u8> {
     let row_bytes = format.bytes_for(nb * format.block_elems());
     let mut out = vec![0u8; rows * row_bytes];
     // a tile of rows per task
-    out.par_chunks_mut((TILE * row_bytes).max(1))
+    out.par_chunks_mut((tile * row_bytes).max(1))
         .enumerate()
-        .for_each(|(t, dst)| unpack_rows(format, tiles, nb, t * TILE, dst));
+        .for_each(|(t, dst)| unpack_rows(format, tile, tiles, nb, t * tile, dst));
     out
 }
 
 /// As `qdot::dot_rows` on the tiles: `out[i * m + r] = w_{first + i} · x_r`
 /// for the `out.len() / m` rows from `first` (a multiple of [`TILE`], as
-/// is the row count): each tile against 4 rows of x at a time. Only on
-/// the AVX-512 VNNI path ([`fast_path`]).
+/// is the row count): each tile against 4 rows of x at a time. Only where
+/// [`fast_path`]`(tile)`: the AVX-512 VNNI kernel for tiles of 16 rows,
+/// the AVX-VNNI one for tiles of 8.
 pub(crate) fn dot_tiles(
     format: QuantFormat,
+    tile_rows: usize,
     tiles: &[u8],
     x: &QuantizedRows,
     m: usize,
@@ -193,12 +227,41 @@ pub(crate) fn dot_tiles(
         } else {
             x.nb
         };
-        let tile_bytes = TILE * blocks * bb;
-        for (t, dst) in out.chunks_mut(TILE * m).enumerate() {
-            let tile = &tiles[(first / TILE + t) * tile_bytes..][..tile_bytes];
+        let tile_bytes = tile_rows * blocks * bb;
+        for (t, dst) in out.chunks_mut(tile_rows * m).enumerate() {
+            let tile = &tiles[(first / tile_rows + t) * tile_bytes..][..tile_bytes];
             let mut r = 0;
             while r < m {
                 let n = (m - r).min(4);
+                if tile_rows == TILE8 {
+                    // SAFETY: as below (AVX2, FMA, F16C and AVX-VNNI)
+                    unsafe {
+                        match (code(format), n) {
+                            (0, 1) => x86::tile8::<0, 1>(tile, x, r, m, dst),
+                            (0, 2) => x86::tile8::<0, 2>(tile, x, r, m, dst),
+                            (0, 3) => x86::tile8::<0, 3>(tile, x, r, m, dst),
+                            (0, _) => x86::tile8::<0, 4>(tile, x, r, m, dst),
+                            (1, 1) => x86::tile8::<1, 1>(tile, x, r, m, dst),
+                            (1, 2) => x86::tile8::<1, 2>(tile, x, r, m, dst),
+                            (1, 3) => x86::tile8::<1, 3>(tile, x, r, m, dst),
+                            (1, _) => x86::tile8::<1, 4>(tile, x, r, m, dst),
+                            (3, 1) => x86::tile8::<3, 1>(tile, x, r, m, dst),
+                            (3, 2) => x86::tile8::<3, 2>(tile, x, r, m, dst),
+                            (3, 3) => x86::tile8::<3, 3>(tile, x, r, m, dst),
+                            (3, _) => x86::tile8::<3, 4>(tile, x, r, m, dst),
+                            (4, 1) => x86::tile8::<4, 1>(tile, x, r, m, dst),
+                            (4, 2) => x86::tile8::<4, 2>(tile, x, r, m, dst),
+                            (4, 3) => x86::tile8::<4, 3>(tile, x, r, m, dst),
+                            (4, _) => x86::tile8::<4, 4>(tile, x, r, m, dst),
+                            (_, 1) => x86::tile8::<2, 1>(tile, x, r, m, dst),
+                            (_, 2) => x86::tile8::<2, 2>(tile, x, r, m, dst),
+                            (_, 3) => x86::tile8::<2, 3>(tile, x, r, m, dst),
+                            (_, _) => x86::tile8::<2, 4>(tile, x, r, m, dst),
+                        }
+                    }
+                    r += n;
+                    continue;
+                }
                 // SAFETY: the caller checked that the processor has the
                 // features the kernel enables (`fast_path`, or the test)
                 unsafe {
@@ -251,7 +314,7 @@ const fn x_at(b: usize, j: usize) -> usize {
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{QuantizedRows, TILE, has_high, has_min, layout_of, x_at};
+    use super::{QuantizedRows, TILE, TILE8, has_high, has_min, layout_of, x_at};
     use std::arch::x86_64::*;
 
     /// Bytes ahead of the block being read that are asked for, as the row
@@ -540,6 +603,153 @@ mod x86 {
         }
         store(&acc, r0, m, dst);
     }
+
+    /// As [`tile`] for tiles of 8 rows, with AVX-VNNI's 256-bit `vpdpbusd`
+    /// (the AVX2 path on processors that have it).
+    #[inline]
+    #[target_feature(enable = "avx2,avxvnni,fma,f16c")]
+    pub(super) fn tile8<const F: u8, const R: usize>(
+        tile: &[u8],
+        x: &QuantizedRows,
+        r0: usize,
+        m: usize,
+        dst: &mut [f32],
+    ) {
+        let (bb, at, bias) = layout_of(F);
+        let quants = (bb - at) * TILE8;
+        let tb = TILE8 * bb;
+        let nb = x.nb;
+        assert!(tile.len() >= nb * tb);
+        let zero = _mm256_setzero_si256();
+        let low4 = _mm256_set1_epi8(15);
+        let sixteen = _mm256_set1_epi8(16);
+        let xq: [&[i8]; R] = std::array::from_fn(|i| x.q_row(r0 + i));
+        let xd: [&[f32]; R] = std::array::from_fn(|i| &x.d_row(r0 + i)[..nb]);
+        let xs: [&[f32]; R] = std::array::from_fn(|i| &x.s_row(r0 + i)[..nb]);
+        let mut acc = [_mm256_setzero_ps(); R];
+        for b in 0..nb {
+            let blk = &tile[b * tb..(b + 1) * tb];
+            let ahead = blk.as_ptr().wrapping_add(AHEAD);
+            for l in 0..tb.div_ceil(64) {
+                // a prefetch never faults
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * l).cast());
+            }
+            // SAFETY: every load reads inside `blk`: 32-byte vectors of
+            // quants below `quants`, then arrays of 8 halves (16 bytes)
+            let load = |o: usize| unsafe { _mm256_loadu_si256(blk[o..o + 32].as_ptr().cast()) };
+            let half8 = |o: usize| unsafe { _mm_loadu_si128(blk[o..o + 16].as_ptr().cast()) };
+            let mut w = [zero; 8];
+            if F == 0 {
+                let flip = _mm256_set1_epi8(-128);
+                for (j, w) in w.iter_mut().enumerate() {
+                    *w = _mm256_xor_si256(load(32 * j), flip);
+                }
+            } else {
+                for j in 0..4 {
+                    let v = load(32 * j);
+                    w[j] = _mm256_and_si256(v, low4);
+                    w[j + 4] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low4);
+                }
+            }
+            if has_high(F) {
+                // the fifth bits, as in `block`: byte c of lane r takes bit
+                // `4j + c` (low nibbles) or `16 + 4j + c` (high) of row r's qh
+                let qh = _mm256_or_si256(
+                    _mm256_cvtepu16_epi32(half8(quants + 16 * ((at - 4) / 2))),
+                    _mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(half8(
+                        quants + 16 * ((at - 2) / 2),
+                    ))),
+                );
+                for j in 0..4 {
+                    let (a, c) = ((j / 2) as i8, (2 + j / 2) as i8);
+                    let pick = |c: i8| {
+                        _mm256_setr_epi8(
+                            c,
+                            c,
+                            c,
+                            c,
+                            c + 4,
+                            c + 4,
+                            c + 4,
+                            c + 4,
+                            c + 8,
+                            c + 8,
+                            c + 8,
+                            c + 8,
+                            c + 12,
+                            c + 12,
+                            c + 12,
+                            c + 12,
+                            c,
+                            c,
+                            c,
+                            c,
+                            c + 4,
+                            c + 4,
+                            c + 4,
+                            c + 4,
+                            c + 8,
+                            c + 8,
+                            c + 8,
+                            c + 8,
+                            c + 12,
+                            c + 12,
+                            c + 12,
+                            c + 12,
+                        )
+                    };
+                    let o = 4 * (j % 2) as u32;
+                    let bits =
+                        _mm256_set1_epi32(i32::from_le_bytes([1 << o, 2 << o, 4 << o, 8 << o]));
+                    let set = |c: i8| {
+                        let v = _mm256_and_si256(_mm256_shuffle_epi8(qh, pick(c)), bits);
+                        _mm256_and_si256(_mm256_cmpeq_epi8(v, bits), sixteen)
+                    };
+                    w[j] = _mm256_or_si256(w[j], set(a));
+                    w[j + 4] = _mm256_or_si256(w[j + 4], set(c));
+                }
+            }
+            let dw = _mm256_cvtph_ps(half8(quants));
+            let mw = if has_min(F) {
+                _mm256_cvtph_ps(half8(quants + 16))
+            } else {
+                _mm256_mul_ps(dw, _mm256_set1_ps(-bias))
+            };
+            for i in 0..R {
+                let q = &xq[i][x_at(b, 0)..x_at(b, 7) + 4];
+                let bc = |j: usize| {
+                    let o = x_at(b, j) - x_at(b, 0);
+                    _mm256_set1_epi32(i32::from_le_bytes([
+                        q[o] as u8,
+                        q[o + 1] as u8,
+                        q[o + 2] as u8,
+                        q[o + 3] as u8,
+                    ]))
+                };
+                let mut d0 = _mm256_dpbusd_avx_epi32(zero, w[0], bc(0));
+                let mut d1 = _mm256_dpbusd_avx_epi32(zero, w[4], bc(4));
+                for j in 1..4 {
+                    d0 = _mm256_dpbusd_avx_epi32(d0, w[j], bc(j));
+                    d1 = _mm256_dpbusd_avx_epi32(d1, w[j + 4], bc(j + 4));
+                }
+                let dot = _mm256_cvtepi32_ps(_mm256_add_epi32(d0, d1));
+                // dw · dx · Σu·q + mw · sx
+                let t = _mm256_mul_ps(dot, _mm256_set1_ps(xd[i][b]));
+                acc[i] = _mm256_fmadd_ps(dw, t, acc[i]);
+                acc[i] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xs[i][b]), acc[i]);
+            }
+        }
+        for (i, acc) in acc.iter().enumerate() {
+            let mut v = [0f32; TILE8];
+            // SAFETY: `v` holds 8 f32
+            unsafe { _mm256_storeu_ps(v.as_mut_ptr(), *acc) };
+            for (lane, v) in v.iter().enumerate() {
+                if let Some(d) = dst.get_mut(lane * m + r0 + i) {
+                    *d = *v;
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -574,64 +784,73 @@ mod tests {
 
     #[test]
     fn unpacking_gives_back_the_file_layout() {
-        for format in FORMATS {
-            for &(rows, k) in shapes(format, &[(16, 32), (32, 96), (48, 160)]) {
-                let bytes = qdot::tests::quantize(format, &values(rows * k, 3));
-                let nb = k / format.block_elems();
-                let mut tiles = vec![0u8; bytes.len()];
-                pack(format, &bytes, rows, nb, &mut tiles);
-                assert_ne!(
-                    tiles, bytes,
-                    "{format} {rows}x{k}: the tiles are a new order"
-                );
-                assert_eq!(
-                    unpack(format, &tiles, rows, nb),
-                    bytes,
-                    "{format} {rows}x{k}"
-                );
-                let row_bytes = format.bytes_for(k);
-                let mut one = vec![0u8; row_bytes];
-                unpack_rows(format, &tiles, nb, rows - 3, &mut one);
-                assert!(one == bytes[(rows - 3) * row_bytes..(rows - 2) * row_bytes]);
+        for tile in [TILE, TILE8] {
+            for format in FORMATS {
+                for &(rows, k) in shapes(format, &[(16, 32), (32, 96), (48, 160)]) {
+                    let bytes = qdot::tests::quantize(format, &values(rows * k, 3));
+                    let nb = k / format.block_elems();
+                    let mut tiles = vec![0u8; bytes.len()];
+                    pack(format, tile, &bytes, rows, nb, &mut tiles);
+                    let what = format!("{format} {rows}x{k} in tiles of {tile}");
+                    assert!(tiles != bytes, "{what}: the tiles are a new order");
+                    assert!(unpack(format, tile, &tiles, rows, nb) == bytes, "{what}");
+                    let row_bytes = format.bytes_for(k);
+                    let mut one = vec![0u8; row_bytes];
+                    unpack_rows(format, tile, &tiles, nb, rows - 3, &mut one);
+                    assert!(one == bytes[(rows - 3) * row_bytes..(rows - 2) * row_bytes]);
+                }
             }
         }
     }
 
-    /// The tile kernel against the scalar row kernel, which it must match
-    /// up to the order of f32 additions.
+    /// The tile kernels (of 16 rows on AVX-512 VNNI, of 8 on AVX-VNNI)
+    /// against the scalar row kernel, which they must match up to the
+    /// order of f32 additions.
     #[test]
     #[cfg(target_arch = "x86_64")]
     fn tiles_match_the_row_kernel() {
-        if !crate::cpu_isa_available().contains(&crate::CpuIsa::Avx512) {
-            eprintln!("no AVX-512 VNNI here: the tile kernel is not run");
-            return;
+        let isas = crate::cpu_isa_available();
+        let mut kernels = Vec::new();
+        if isas.contains(&crate::CpuIsa::Avx512) {
+            kernels.push((TILE, Path::Avx512Vnni));
         }
-        for format in FORMATS {
-            // group of 4 blocks whole, cut short, and long rows
-            const SIMPLE: [(usize, usize); 5] =
-                [(16, 32), (32, 96), (48, 160), (16, 576), (32, 2080)];
-            for &(rows, k) in shapes(format, &SIMPLE) {
-                let bytes = qdot::tests::quantize(format, &values(rows * k, 7));
-                let nb = k / format.block_elems();
-                let mut tiles = vec![0u8; bytes.len()];
-                pack(format, &bytes, rows, nb, &mut tiles);
-                for m in [1, 2, 3, 4, 5, 7, 8, 13] {
-                    let xs = values(m * k, 11 + m as u64);
-                    let x = QuantizedRows::new(Path::Avx512Vnni, &xs, m, k);
-                    let mut want = vec![0f32; rows * m];
-                    let w = WeightRows::new(format, &bytes, format.bytes_for(k));
-                    qdot::dot_rows(Path::Scalar, w, &x, m, &mut want);
-                    // from the second tile on, as a task of a split product
-                    let first = if rows > TILE { TILE } else { 0 };
-                    let mut got = vec![0f32; (rows - first) * m];
-                    dot_tiles(format, &tiles, &x, m, first, &mut got);
-                    let want = &want[first * m..];
-                    let scale = want.iter().fold(1e-3f32, |a, v| a.max(v.abs()));
-                    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-                        assert!(
-                            (g - w).abs() <= 1e-5 * scale * (k as f32).sqrt(),
-                            "{format} {rows}x{k} m={m} #{i}: {g} vs {w}"
-                        );
+        if std::arch::is_x86_feature_detected!("avxvnni") {
+            kernels.push((TILE8, Path::Avx2));
+        }
+        if kernels.is_empty() {
+            eprintln!("neither AVX-512 VNNI nor AVX-VNNI here: no tile kernel is run");
+        }
+        for (tile, path) in kernels {
+            for format in FORMATS {
+                if tile == TILE8 && is_k(code(format)) {
+                    continue; // K-quants take tiles of 16 only
+                }
+                // group of 4 blocks whole, cut short, and long rows
+                const SIMPLE: [(usize, usize); 5] =
+                    [(16, 32), (32, 96), (48, 160), (16, 576), (32, 2080)];
+                for &(rows, k) in shapes(format, &SIMPLE) {
+                    let bytes = qdot::tests::quantize(format, &values(rows * k, 7));
+                    let nb = k / format.block_elems();
+                    let mut tiles = vec![0u8; bytes.len()];
+                    pack(format, tile, &bytes, rows, nb, &mut tiles);
+                    for m in [1, 2, 3, 4, 5, 7, 8, 13] {
+                        let xs = values(m * k, 11 + m as u64);
+                        let x = QuantizedRows::new(path, &xs, m, k);
+                        let mut want = vec![0f32; rows * m];
+                        let w = WeightRows::new(format, &bytes, format.bytes_for(k));
+                        qdot::dot_rows(Path::Scalar, w, &x, m, &mut want);
+                        // from the second tile on, as a task of a split product
+                        let first = if rows > tile { tile } else { 0 };
+                        let mut got = vec![0f32; (rows - first) * m];
+                        dot_tiles(format, tile, &tiles, &x, m, first, &mut got);
+                        let want = &want[first * m..];
+                        let scale = want.iter().fold(1e-3f32, |a, v| a.max(v.abs()));
+                        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+                            assert!(
+                                (g - w).abs() <= 1e-5 * scale * (k as f32).sqrt(),
+                                "{format} {rows}x{k} tiles of {tile} m={m} #{i}: {g} vs {w}"
+                            );
+                        }
                     }
                 }
             }

@@ -16,10 +16,10 @@
 //! 8 bits as the integer kernels round it.
 //!
 //! Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 (and on some processors Q4_K)
-//! matrices that the CPU stores in tiles of 16 rows
-//! (`packed`, on the AVX-512 VNNI path) take the tile kernel for any
-//! number of rows of x, or are read back out of the tiles where the path
-//! in effect has changed since they were loaded.
+//! matrices that the CPU stores in tiles of rows (`packed`: 16 on the
+//! AVX-512 VNNI path, 8 on the AVX2 path with AVX-VNNI) take the tile
+//! kernels for any number of rows of x, or are read back out of the tiles
+//! where the path in effect has changed since they were loaded.
 
 use rayon::prelude::*;
 
@@ -70,17 +70,18 @@ pub fn qmatmul(
     };
     // weights in tiles of 16 rows (`packed`): their kernels where the
     // path has them, else the rows read back out
-    let tiled = is_tiled(w);
-    let tiles_run = tiled && int8.is_some() && packed::fast_path();
+    let tile = tile_rows(w, n);
+    let tiles_run = tile > 0 && int8.is_some() && packed::fast_path(tile);
     let unpacked: Vec<u8>;
-    if tiled && !tiles_run {
-        unpacked = packed::unpack(format, wb, n, k / format.block_elems());
+    if tile > 0 && !tiles_run {
+        unpacked = packed::unpack(format, tile, wb, n, k / format.block_elems());
         wb = &unpacked;
     }
     if m > 0 && n > 0 && tiles_run {
         let xq = qdot::QuantizedRows::new(int8.unwrap_or(qdot::Path::Scalar), &xs, m, k);
-        let rows = int8_task_rows(n, m, k).next_multiple_of(packed::TILE);
-        let run = |t: usize, dst: &mut [f32]| packed::dot_tiles(format, wb, &xq, m, t * rows, dst);
+        let rows = int8_task_rows(n, m, k).next_multiple_of(tile);
+        let run =
+            |t: usize, dst: &mut [f32]| packed::dot_tiles(format, tile, wb, &xq, m, t * rows, dst);
         if m < GEMM_MIN_M {
             // decode: workers that stay awake between products
             super::spin::for_each_chunk(&mut out_t, rows * m, run);
@@ -215,10 +216,14 @@ fn int8_task_rows(n: usize, m: usize, k: usize) -> usize {
     n.div_ceil(tasks).max(1)
 }
 
-/// Whether the blocks of a quantized matrix are in tiles of 16 rows
-/// (`packed`): `[tiles, words]` rather than the file's flat `[words]`.
-pub(crate) fn is_tiled(w: &Tensor) -> bool {
-    w.rank() == 2
+/// The rows per tile of a quantized matrix of `n` rows stored in tiles
+/// (`packed`: `[tiles, words]` rather than the file's flat `[words]`), 0
+/// for the file's layout.
+pub(crate) fn tile_rows(w: &Tensor, n: usize) -> usize {
+    match w.shape() {
+        &[tiles, _] if tiles > 0 => n / tiles,
+        _ => 0,
+    }
 }
 
 /// Rows `ids` of the quantized matrix `w` (rows of `k` values), decoded.
@@ -237,8 +242,8 @@ pub fn qrows(
         .into_vec()
         .unwrap_or_default();
     let mut result = vec![0f32; ids.len() * k];
-    let tiled = is_tiled(w);
-    let mut row = vec![0u8; if tiled { row_bytes } else { 0 }];
+    let tile = tile_rows(w, rows);
+    let mut row = vec![0u8; if tile > 0 { row_bytes } else { 0 }];
     for (&id, dst) in ids.iter().zip(result.chunks_exact_mut(k.max(1))) {
         let id = id as usize;
         if id >= rows {
@@ -248,8 +253,8 @@ pub fn qrows(
                 size: rows,
             });
         }
-        if tiled {
-            packed::unpack_rows(format, wb, k / format.block_elems(), id, &mut row);
+        if tile > 0 {
+            packed::unpack_rows(format, tile, wb, k / format.block_elems(), id, &mut row);
             format.decode_into(&row, dst);
         } else {
             format.decode_into(&wb[id * row_bytes..(id + 1) * row_bytes], dst);
