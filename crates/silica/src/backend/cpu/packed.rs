@@ -1,22 +1,26 @@
 //! Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 (and Q4_K where [`k_tiles`]) weights
-//! on the CPU in tiles of 16 rows, the layout of the AVX-512 VNNI kernels
-//! (as llama.cpp repacks weights for its AMX and VNNI kernels).
+//! on the CPU in tiles of rows, the layout of the VNNI kernels (as
+//! llama.cpp repacks weights for its AMX and VNNI kernels): tiles of 16
+//! rows on the AVX-512 VNNI path, of 8 on the AVX2 path where the
+//! processor has AVX-VNNI (the same instruction on 256 bits).
 //!
-//! A matrix of `rows` (a multiple of [`TILE`]) by `nb` blocks is stored as
-//! `rows / 16` tiles, each its `nb` blocks in order, and each block of a
-//! tile as 16 times the bytes of one block: first the quants, as vectors
-//! of 64 bytes whose 32-bit lane `r` holds bytes `4j..4j + 4` of the quants
-//! of row `r` (4 vectors for Q4 and Q5, 8 for Q8_0), then the bytes
-//! before the quants in the block, 2 at a time, each pair as an array of
-//! 16 (the scales, the minima of Q4_1 and Q5_1, the two halves of Q5's
-//! fifth bits). One load then gives 16 rows' quants in the lanes that
-//! `vpdpbusd` sums: a Q4 vector's low nibbles hold values `4j..4j + 4` of
-//! each row, its high nibbles values `16 + 4j..`,
-//! both met by 4 bytes of x broadcast to every lane, and a block's 16
-//! results come out as a vector with no horizontal sum. The matrix keeps
-//! its size; a tile's blocks are one stream in memory.
+//! A matrix of `rows` (a multiple of the tile height `h`) by `nb` blocks
+//! is stored as `rows / h` tiles, each its `nb` blocks in order, and each
+//! block of a tile as `h` times the bytes of one block: first the quants,
+//! as vectors of `4h` bytes whose 32-bit lane `r` holds bytes `4j..4j + 4`
+//! of the quants of row `r` (4 vectors for Q4 and Q5, 8 for Q8_0), then
+//! the bytes before the quants in the block, 2 at a time, each pair as an
+//! array of `h` (the scales, the minima of Q4_1 and Q5_1, the two halves
+//! of Q5's fifth bits). One load then gives `h` rows' quants in the lanes
+//! that `vpdpbusd` sums: a Q4 vector's low nibbles hold values `4j..4j +
+//! 4` of each row, its high nibbles values `16 + 4j..`, both met by 4
+//! bytes of x broadcast to every lane, and a block's `h` results come out
+//! as a vector with no horizontal sum. The matrix keeps its size; a
+//! tile's blocks are one stream in memory. The words tensor of a tiled
+//! matrix is `[tiles, words a tile]`, so its tile height is its rows over
+//! its tiles.
 //!
-//! Q4_K superblocks take the same layout: 32 vectors of quants (4 runs of
+//! Q4_K superblocks take the same layout (tiles of 16): 32 vectors of quants (4 runs of
 //! 8, each run's low nibbles one sub-block of 32 and its high nibbles the
 //! next), then the 16 bytes before them 2 at a time (the scale, the
 //! minimum's scale, the 12 bytes of 6-bit sub-block scales and minima).
