@@ -59,6 +59,8 @@ pub fn cpu_int8_activations() -> bool {
 
 /// Turns the CPU's 8-bit activations on or off for the whole process (see
 /// [`cpu_int8_activations`]); products already running are not affected.
+/// As with [`set_cpu_isa`], matrices loaded in tiles for the integer
+/// kernels are read back out of them by each exact product.
 pub fn set_cpu_int8_activations(on: bool) {
     INT8_ACTIVATIONS.store(on, Ordering::Relaxed);
 }
@@ -171,7 +173,11 @@ pub fn cpu_isa() -> CpuIsa {
 
 /// Switches the CPU's integer products to `isa` for the whole process, so
 /// that each path can be tested and measured on one machine; an error
-/// where the processor lacks it.
+/// where the processor lacks it. Quantized matrices are laid out at load
+/// for the path then in effect (tiles of rows for the VNNI kernels): those
+/// loaded before a switch still give the same results, but each product
+/// reads them back out of their tiles, so reload a model to measure a
+/// path (as `SILICA_CPU_ISA` does, read before anything is loaded).
 pub fn set_cpu_isa(isa: CpuIsa) -> Result<()> {
     if !cpu_isa_available().contains(&isa) {
         return Err(crate::Error::NotSupported {
