@@ -90,11 +90,9 @@ fn k_tiles() -> bool {
 fn tile_of_path() -> Option<usize> {
     #[cfg(target_arch = "x86_64")]
     {
-        static VNNI256: std::sync::LazyLock<bool> =
-            std::sync::LazyLock::new(|| std::arch::is_x86_feature_detected!("avxvnni"));
         match Path::detect() {
             Some(Path::Avx512Vnni) => Some(TILE),
-            Some(Path::Avx2) if *VNNI256 => Some(TILE8),
+            Some(Path::Avx2) => Some(TILE8),
             _ => None,
         }
     }
@@ -223,6 +221,36 @@ pub(crate) fn dot_tiles(
     first: usize,
     out: &mut [f32],
 ) {
+    dot_tiles_with(vnni256(), format, tile_rows, tiles, x, m, first, out)
+}
+
+/// Whether the processor has AVX-VNNI (256-bit `vpdpbusd`).
+fn vnni256() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static VNNI256: std::sync::LazyLock<bool> =
+            std::sync::LazyLock::new(|| std::arch::is_x86_feature_detected!("avxvnni"));
+        *VNNI256
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// [`dot_tiles`], tiles of 8 rows through AVX-VNNI where `vnni`, else
+/// through `vpmaddubsw`.
+#[allow(clippy::too_many_arguments)]
+fn dot_tiles_with(
+    vnni: bool,
+    format: QuantFormat,
+    tile_rows: usize,
+    tiles: &[u8],
+    x: &QuantizedRows,
+    m: usize,
+    first: usize,
+    out: &mut [f32],
+) {
     #[cfg(target_arch = "x86_64")]
     {
         let (bb, ..) = layout_of(code(format));
@@ -238,29 +266,39 @@ pub(crate) fn dot_tiles(
             while r < m {
                 let n = (m - r).min(4);
                 if tile_rows == TILE8 {
-                    // SAFETY: as below (AVX2, FMA, F16C and AVX-VNNI)
+                    macro_rules! run8 {
+                        ($k:ident) => {
+                            match (code(format), n) {
+                                (0, 1) => x86::$k::<0, 1>(tile, x, r, m, dst),
+                                (0, 2) => x86::$k::<0, 2>(tile, x, r, m, dst),
+                                (0, 3) => x86::$k::<0, 3>(tile, x, r, m, dst),
+                                (0, _) => x86::$k::<0, 4>(tile, x, r, m, dst),
+                                (1, 1) => x86::$k::<1, 1>(tile, x, r, m, dst),
+                                (1, 2) => x86::$k::<1, 2>(tile, x, r, m, dst),
+                                (1, 3) => x86::$k::<1, 3>(tile, x, r, m, dst),
+                                (1, _) => x86::$k::<1, 4>(tile, x, r, m, dst),
+                                (3, 1) => x86::$k::<3, 1>(tile, x, r, m, dst),
+                                (3, 2) => x86::$k::<3, 2>(tile, x, r, m, dst),
+                                (3, 3) => x86::$k::<3, 3>(tile, x, r, m, dst),
+                                (3, _) => x86::$k::<3, 4>(tile, x, r, m, dst),
+                                (4, 1) => x86::$k::<4, 1>(tile, x, r, m, dst),
+                                (4, 2) => x86::$k::<4, 2>(tile, x, r, m, dst),
+                                (4, 3) => x86::$k::<4, 3>(tile, x, r, m, dst),
+                                (4, _) => x86::$k::<4, 4>(tile, x, r, m, dst),
+                                (_, 1) => x86::$k::<2, 1>(tile, x, r, m, dst),
+                                (_, 2) => x86::$k::<2, 2>(tile, x, r, m, dst),
+                                (_, 3) => x86::$k::<2, 3>(tile, x, r, m, dst),
+                                (_, _) => x86::$k::<2, 4>(tile, x, r, m, dst),
+                            }
+                        };
+                    }
+                    // SAFETY: as below (AVX2, FMA, F16C, and AVX-VNNI where
+                    // `vnni`, which the caller checked)
                     unsafe {
-                        match (code(format), n) {
-                            (0, 1) => x86::tile8::<0, 1>(tile, x, r, m, dst),
-                            (0, 2) => x86::tile8::<0, 2>(tile, x, r, m, dst),
-                            (0, 3) => x86::tile8::<0, 3>(tile, x, r, m, dst),
-                            (0, _) => x86::tile8::<0, 4>(tile, x, r, m, dst),
-                            (1, 1) => x86::tile8::<1, 1>(tile, x, r, m, dst),
-                            (1, 2) => x86::tile8::<1, 2>(tile, x, r, m, dst),
-                            (1, 3) => x86::tile8::<1, 3>(tile, x, r, m, dst),
-                            (1, _) => x86::tile8::<1, 4>(tile, x, r, m, dst),
-                            (3, 1) => x86::tile8::<3, 1>(tile, x, r, m, dst),
-                            (3, 2) => x86::tile8::<3, 2>(tile, x, r, m, dst),
-                            (3, 3) => x86::tile8::<3, 3>(tile, x, r, m, dst),
-                            (3, _) => x86::tile8::<3, 4>(tile, x, r, m, dst),
-                            (4, 1) => x86::tile8::<4, 1>(tile, x, r, m, dst),
-                            (4, 2) => x86::tile8::<4, 2>(tile, x, r, m, dst),
-                            (4, 3) => x86::tile8::<4, 3>(tile, x, r, m, dst),
-                            (4, _) => x86::tile8::<4, 4>(tile, x, r, m, dst),
-                            (_, 1) => x86::tile8::<2, 1>(tile, x, r, m, dst),
-                            (_, 2) => x86::tile8::<2, 2>(tile, x, r, m, dst),
-                            (_, 3) => x86::tile8::<2, 3>(tile, x, r, m, dst),
-                            (_, _) => x86::tile8::<2, 4>(tile, x, r, m, dst),
+                        if vnni {
+                            run8!(tile8)
+                        } else {
+                            run8!(tile8_madd)
                         }
                     }
                     r += n;
@@ -302,7 +340,7 @@ pub(crate) fn dot_tiles(
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (format, tiles, x, m, first, out);
+        let _ = (vnni, format, tile_rows, tiles, x, m, first, out);
         unreachable!("the tile kernel is x86-64 only (fast_path is false elsewhere)");
     }
 }
@@ -608,6 +646,136 @@ mod x86 {
         store(&acc, r0, m, dst);
     }
 
+    /// The body of the kernels of tiles of 8 rows (`tile8`, `tile8_madd`),
+    /// given the block dot product (`$dot`) and whether it leaves Q8_0's
+    /// quants signed (`$signed8`).
+    macro_rules! tile8_body {
+        ($tile:ident, $x:ident, $r0:ident, $m:ident, $dst:ident, $dot:ident, $signed8:expr) => {{
+            let (bb, at, bias) = layout_of(F);
+            let quants = (bb - at) * TILE8;
+            let tb = TILE8 * bb;
+            let nb = $x.nb;
+            assert!($tile.len() >= nb * tb);
+            let zero = _mm256_setzero_si256();
+            let low4 = _mm256_set1_epi8(15);
+            let sixteen = _mm256_set1_epi8(16);
+            let xq: [&[i8]; R] = std::array::from_fn(|i| $x.q_row($r0 + i));
+            let xd: [&[f32]; R] = std::array::from_fn(|i| &$x.d_row($r0 + i)[..nb]);
+            let xs: [&[f32]; R] = std::array::from_fn(|i| &$x.s_row($r0 + i)[..nb]);
+            let mut acc = [_mm256_setzero_ps(); R];
+            for b in 0..nb {
+                let blk = &$tile[b * tb..(b + 1) * tb];
+                let ahead = blk.as_ptr().wrapping_add(AHEAD);
+                for l in 0..tb.div_ceil(64) {
+                    // a prefetch never faults
+                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * l).cast());
+                }
+                // SAFETY: every load reads inside `blk`: 32-byte vectors of
+                // quants below `quants`, then arrays of 8 halves (16 bytes)
+                let load = |o: usize| unsafe { _mm256_loadu_si256(blk[o..o + 32].as_ptr().cast()) };
+                let half8 = |o: usize| unsafe { _mm_loadu_si128(blk[o..o + 16].as_ptr().cast()) };
+                let mut w = [zero; 8];
+                if F == 0 {
+                    let flip = _mm256_set1_epi8(-128);
+                    for (j, w) in w.iter_mut().enumerate() {
+                        *w = _mm256_xor_si256(load(32 * j), flip);
+                    }
+                } else {
+                    for j in 0..4 {
+                        let v = load(32 * j);
+                        w[j] = _mm256_and_si256(v, low4);
+                        w[j + 4] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low4);
+                    }
+                }
+                if has_high(F) {
+                    // the fifth bits, as in `block`: byte c of lane r takes bit
+                    // `4j + c` (low nibbles) or `16 + 4j + c` (high) of row r's qh
+                    let qh = _mm256_or_si256(
+                        _mm256_cvtepu16_epi32(half8(quants + 16 * ((at - 4) / 2))),
+                        _mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(half8(
+                            quants + 16 * ((at - 2) / 2),
+                        ))),
+                    );
+                    for j in 0..4 {
+                        let (a, c) = ((j / 2) as i8, (2 + j / 2) as i8);
+                        let pick = |c: i8| {
+                            _mm256_setr_epi8(
+                                c,
+                                c,
+                                c,
+                                c,
+                                c + 4,
+                                c + 4,
+                                c + 4,
+                                c + 4,
+                                c + 8,
+                                c + 8,
+                                c + 8,
+                                c + 8,
+                                c + 12,
+                                c + 12,
+                                c + 12,
+                                c + 12,
+                                c,
+                                c,
+                                c,
+                                c,
+                                c + 4,
+                                c + 4,
+                                c + 4,
+                                c + 4,
+                                c + 8,
+                                c + 8,
+                                c + 8,
+                                c + 8,
+                                c + 12,
+                                c + 12,
+                                c + 12,
+                                c + 12,
+                            )
+                        };
+                        let o = 4 * (j % 2) as u32;
+                        let bits =
+                            _mm256_set1_epi32(i32::from_le_bytes([1 << o, 2 << o, 4 << o, 8 << o]));
+                        let set = |c: i8| {
+                            let v = _mm256_and_si256(_mm256_shuffle_epi8(qh, pick(c)), bits);
+                            _mm256_and_si256(_mm256_cmpeq_epi8(v, bits), sixteen)
+                        };
+                        w[j] = _mm256_or_si256(w[j], set(a));
+                        w[j + 4] = _mm256_or_si256(w[j + 4], set(c));
+                    }
+                }
+                let dw = _mm256_cvtph_ps(half8(quants));
+                let mw = if has_min(F) {
+                    _mm256_cvtph_ps(half8(quants + 16))
+                } else if F == 0 && $signed8 {
+                    // the dot product of Q8_0's signed quants: no offset
+                    _mm256_setzero_ps()
+                } else {
+                    _mm256_mul_ps(dw, _mm256_set1_ps(-bias))
+                };
+                for i in 0..R {
+                    let q = &xq[i][x_at(b, 0)..x_at(b, 7) + 4];
+                    let dot = $dot::<F>(&w, q);
+                    // dw · dx · Σu·q + mw · sx
+                    let t = _mm256_mul_ps(dot, _mm256_set1_ps(xd[i][b]));
+                    acc[i] = _mm256_fmadd_ps(dw, t, acc[i]);
+                    acc[i] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xs[i][b]), acc[i]);
+                }
+            }
+            for (i, acc) in acc.iter().enumerate() {
+                let mut v = [0f32; TILE8];
+                // SAFETY: `v` holds 8 f32
+                unsafe { _mm256_storeu_ps(v.as_mut_ptr(), *acc) };
+                for (lane, v) in v.iter().enumerate() {
+                    if let Some(d) = $dst.get_mut(lane * $m + $r0 + i) {
+                        *d = *v;
+                    }
+                }
+            }
+        }};
+    }
+
     /// As [`tile`] for tiles of 8 rows, with AVX-VNNI's 256-bit `vpdpbusd`
     /// (the AVX2 path on processors that have it).
     #[inline]
@@ -619,140 +787,74 @@ mod x86 {
         m: usize,
         dst: &mut [f32],
     ) {
-        let (bb, at, bias) = layout_of(F);
-        let quants = (bb - at) * TILE8;
-        let tb = TILE8 * bb;
-        let nb = x.nb;
-        assert!(tile.len() >= nb * tb);
+        tile8_body!(tile, x, r0, m, dst, dot8_vnni, false)
+    }
+
+    /// As [`tile8`] with AVX2 alone (`vpmaddubsw`, `vpmaddwd`), for
+    /// processors without AVX-VNNI.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn tile8_madd<const F: u8, const R: usize>(
+        tile: &[u8],
+        x: &QuantizedRows,
+        r0: usize,
+        m: usize,
+        dst: &mut [f32],
+    ) {
+        tile8_body!(tile, x, r0, m, dst, dot8_madd, true)
+    }
+
+    /// The 4 quants of x (`q` from `x_at(b, 0)` on) that meet a block's
+    /// quant vector `j`, broadcast to every lane.
+    #[inline(always)]
+    fn bcast8(q: &[i8], j: usize) -> __m256i {
+        let o = x_at(0, j);
+        let v = i32::from_le_bytes([q[o] as u8, q[o + 1] as u8, q[o + 2] as u8, q[o + 3] as u8]);
+        // SAFETY: AVX, which every caller enables
+        unsafe { _mm256_set1_epi32(v) }
+    }
+
+    /// `Σ u·q` per lane of a block of 8 rows: two chains of 4 `vpdpbusd`.
+    #[inline]
+    #[target_feature(enable = "avx2,avxvnni")]
+    fn dot8_vnni<const F: u8>(w: &[__m256i; 8], q: &[i8]) -> __m256 {
+        let xb = |j: usize| bcast8(q, j);
         let zero = _mm256_setzero_si256();
-        let low4 = _mm256_set1_epi8(15);
-        let sixteen = _mm256_set1_epi8(16);
-        let xq: [&[i8]; R] = std::array::from_fn(|i| x.q_row(r0 + i));
-        let xd: [&[f32]; R] = std::array::from_fn(|i| &x.d_row(r0 + i)[..nb]);
-        let xs: [&[f32]; R] = std::array::from_fn(|i| &x.s_row(r0 + i)[..nb]);
-        let mut acc = [_mm256_setzero_ps(); R];
-        for b in 0..nb {
-            let blk = &tile[b * tb..(b + 1) * tb];
-            let ahead = blk.as_ptr().wrapping_add(AHEAD);
-            for l in 0..tb.div_ceil(64) {
-                // a prefetch never faults
-                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * l).cast());
+        let mut d0 = _mm256_dpbusd_avx_epi32(zero, w[0], xb(0));
+        let mut d1 = _mm256_dpbusd_avx_epi32(zero, w[4], xb(4));
+        for j in 1..4 {
+            d0 = _mm256_dpbusd_avx_epi32(d0, w[j], xb(j));
+            d1 = _mm256_dpbusd_avx_epi32(d1, w[j + 4], xb(j + 4));
+        }
+        _mm256_cvtepi32_ps(_mm256_add_epi32(d0, d1))
+    }
+
+    /// The same with `vpmaddubsw`: Q4 and Q5 quants (at most 31) sum four
+    /// products of pairs in 16 bits without overflow (4 · 2 · 31 · 127 <
+    /// 2^15) before `vpmaddwd` widens them; Q8_0's are taken signed, as
+    /// |q| against x with q's sign, and widened one vector at a time.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn dot8_madd<const F: u8>(w: &[__m256i; 8], q: &[i8]) -> __m256 {
+        let xb = |j: usize| bcast8(q, j);
+        let ones = _mm256_set1_epi16(1);
+        let mut sum = _mm256_setzero_si256();
+        if F == 0 {
+            let flip = _mm256_set1_epi8(-128);
+            for (j, w) in w.iter().enumerate() {
+                let s = _mm256_xor_si256(*w, flip);
+                let p = _mm256_maddubs_epi16(_mm256_abs_epi8(s), _mm256_sign_epi8(xb(j), s));
+                sum = _mm256_add_epi32(sum, _mm256_madd_epi16(p, ones));
             }
-            // SAFETY: every load reads inside `blk`: 32-byte vectors of
-            // quants below `quants`, then arrays of 8 halves (16 bytes)
-            let load = |o: usize| unsafe { _mm256_loadu_si256(blk[o..o + 32].as_ptr().cast()) };
-            let half8 = |o: usize| unsafe { _mm_loadu_si128(blk[o..o + 16].as_ptr().cast()) };
-            let mut w = [zero; 8];
-            if F == 0 {
-                let flip = _mm256_set1_epi8(-128);
-                for (j, w) in w.iter_mut().enumerate() {
-                    *w = _mm256_xor_si256(load(32 * j), flip);
-                }
-            } else {
-                for j in 0..4 {
-                    let v = load(32 * j);
-                    w[j] = _mm256_and_si256(v, low4);
-                    w[j + 4] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low4);
-                }
-            }
-            if has_high(F) {
-                // the fifth bits, as in `block`: byte c of lane r takes bit
-                // `4j + c` (low nibbles) or `16 + 4j + c` (high) of row r's qh
-                let qh = _mm256_or_si256(
-                    _mm256_cvtepu16_epi32(half8(quants + 16 * ((at - 4) / 2))),
-                    _mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(half8(
-                        quants + 16 * ((at - 2) / 2),
-                    ))),
-                );
-                for j in 0..4 {
-                    let (a, c) = ((j / 2) as i8, (2 + j / 2) as i8);
-                    let pick = |c: i8| {
-                        _mm256_setr_epi8(
-                            c,
-                            c,
-                            c,
-                            c,
-                            c + 4,
-                            c + 4,
-                            c + 4,
-                            c + 4,
-                            c + 8,
-                            c + 8,
-                            c + 8,
-                            c + 8,
-                            c + 12,
-                            c + 12,
-                            c + 12,
-                            c + 12,
-                            c,
-                            c,
-                            c,
-                            c,
-                            c + 4,
-                            c + 4,
-                            c + 4,
-                            c + 4,
-                            c + 8,
-                            c + 8,
-                            c + 8,
-                            c + 8,
-                            c + 12,
-                            c + 12,
-                            c + 12,
-                            c + 12,
-                        )
-                    };
-                    let o = 4 * (j % 2) as u32;
-                    let bits =
-                        _mm256_set1_epi32(i32::from_le_bytes([1 << o, 2 << o, 4 << o, 8 << o]));
-                    let set = |c: i8| {
-                        let v = _mm256_and_si256(_mm256_shuffle_epi8(qh, pick(c)), bits);
-                        _mm256_and_si256(_mm256_cmpeq_epi8(v, bits), sixteen)
-                    };
-                    w[j] = _mm256_or_si256(w[j], set(a));
-                    w[j + 4] = _mm256_or_si256(w[j + 4], set(c));
-                }
-            }
-            let dw = _mm256_cvtph_ps(half8(quants));
-            let mw = if has_min(F) {
-                _mm256_cvtph_ps(half8(quants + 16))
-            } else {
-                _mm256_mul_ps(dw, _mm256_set1_ps(-bias))
-            };
-            for i in 0..R {
-                let q = &xq[i][x_at(b, 0)..x_at(b, 7) + 4];
-                let bc = |j: usize| {
-                    let o = x_at(b, j) - x_at(b, 0);
-                    _mm256_set1_epi32(i32::from_le_bytes([
-                        q[o] as u8,
-                        q[o + 1] as u8,
-                        q[o + 2] as u8,
-                        q[o + 3] as u8,
-                    ]))
-                };
-                let mut d0 = _mm256_dpbusd_avx_epi32(zero, w[0], bc(0));
-                let mut d1 = _mm256_dpbusd_avx_epi32(zero, w[4], bc(4));
-                for j in 1..4 {
-                    d0 = _mm256_dpbusd_avx_epi32(d0, w[j], bc(j));
-                    d1 = _mm256_dpbusd_avx_epi32(d1, w[j + 4], bc(j + 4));
-                }
-                let dot = _mm256_cvtepi32_ps(_mm256_add_epi32(d0, d1));
-                // dw · dx · Σu·q + mw · sx
-                let t = _mm256_mul_ps(dot, _mm256_set1_ps(xd[i][b]));
-                acc[i] = _mm256_fmadd_ps(dw, t, acc[i]);
-                acc[i] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xs[i][b]), acc[i]);
+        } else {
+            for h in [0, 4] {
+                let p = |j: usize| _mm256_maddubs_epi16(w[h + j], xb(h + j));
+                let p =
+                    _mm256_add_epi16(_mm256_add_epi16(p(0), p(1)), _mm256_add_epi16(p(2), p(3)));
+                sum = _mm256_add_epi32(sum, _mm256_madd_epi16(p, ones));
             }
         }
-        for (i, acc) in acc.iter().enumerate() {
-            let mut v = [0f32; TILE8];
-            // SAFETY: `v` holds 8 f32
-            unsafe { _mm256_storeu_ps(v.as_mut_ptr(), *acc) };
-            for (lane, v) in v.iter().enumerate() {
-                if let Some(d) = dst.get_mut(lane * m + r0 + i) {
-                    *d = *v;
-                }
-            }
-        }
+        _mm256_cvtepi32_ps(sum)
     }
 }
 
@@ -807,8 +909,8 @@ mod tests {
         }
     }
 
-    /// The tile kernels (of 16 rows on AVX-512 VNNI, of 8 on AVX-VNNI)
-    /// against the scalar row kernel, which they must match up to the
+    /// The tile kernels (of 16 rows on AVX-512 VNNI, of 8 on AVX2 with and
+    /// without AVX-VNNI) against the scalar row kernel, which they must match up to the
     /// order of f32 additions.
     #[test]
     #[cfg(target_arch = "x86_64")]
@@ -816,15 +918,18 @@ mod tests {
         let isas = crate::cpu_isa_available();
         let mut kernels = Vec::new();
         if isas.contains(&crate::CpuIsa::Avx512) {
-            kernels.push((TILE, Path::Avx512Vnni));
+            kernels.push((TILE, Path::Avx512Vnni, true));
+        }
+        if isas.contains(&crate::CpuIsa::Avx2) {
+            kernels.push((TILE8, Path::Avx2, false));
         }
         if std::arch::is_x86_feature_detected!("avxvnni") {
-            kernels.push((TILE8, Path::Avx2));
+            kernels.push((TILE8, Path::Avx2, true));
         }
         if kernels.is_empty() {
-            eprintln!("neither AVX-512 VNNI nor AVX-VNNI here: no tile kernel is run");
+            eprintln!("no AVX2 here: no tile kernel is run");
         }
-        for (tile, path) in kernels {
+        for (tile, path, vnni) in kernels {
             for format in FORMATS {
                 if tile == TILE8 && is_k(code(format)) {
                     continue; // K-quants take tiles of 16 only
@@ -846,7 +951,7 @@ mod tests {
                         // from the second tile on, as a task of a split product
                         let first = if rows > tile { tile } else { 0 };
                         let mut got = vec![0f32; (rows - first) * m];
-                        dot_tiles(format, tile, &tiles, &x, m, first, &mut got);
+                        dot_tiles_with(vnni, format, tile, &tiles, &x, m, first, &mut got);
                         let want = &want[first * m..];
                         let scale = want.iter().fold(1e-3f32, |a, v| a.max(v.abs()));
                         for (i, (g, w)) in got.iter().zip(want).enumerate() {
