@@ -1,8 +1,9 @@
 //! Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 (and Q4_K where [`k_tiles`]) weights
 //! on the CPU in tiles of rows, the layout of the VNNI kernels (as
 //! llama.cpp repacks weights for its AMX and VNNI kernels): tiles of 16
-//! rows on the AVX-512 VNNI path, of 8 on the AVX2 path where the
-//! processor has AVX-VNNI (the same instruction on 256 bits).
+//! rows on the AVX-512 VNNI path, of 8 on the AVX2 path (AVX-VNNI's
+//! 256-bit `vpdpbusd` where the processor has it, `vpmaddubsw` and
+//! `vpmaddwd` elsewhere).
 //!
 //! A matrix of `rows` (a multiple of the tile height `h`) by `nb` blocks
 //! is stored as `rows / h` tiles, each its `nb` blocks in order, and each
@@ -39,8 +40,9 @@ use crate::quant::QuantFormat;
 /// Weight rows per tile on the AVX-512 VNNI path: the 16 lanes of a
 /// 512-bit vector of i32.
 pub(crate) const TILE: usize = 16;
-/// Weight rows per tile on the AVX2 path where the processor has AVX-VNNI
-/// (256-bit `vpdpbusd`: Intel's cores from Alder Lake, Zen 5): 8 lanes.
+/// Weight rows per tile on the AVX2 path: the 8 lanes of a 256-bit vector
+/// of i32 (AVX-VNNI's `vpdpbusd` on Intel's cores from Alder Lake and on
+/// Zen 5, `vpmaddubsw` elsewhere).
 pub(crate) const TILE8: usize = 8;
 
 /// The rows per tile in which the CPU stores a `[rows, cols]` matrix of
@@ -211,7 +213,7 @@ pub(crate) fn unpack(
 /// for the `out.len() / m` rows from `first` (a multiple of [`TILE`], as
 /// is the row count): each tile against 4 rows of x at a time. Only where
 /// [`fast_path`]`(tile)`: the AVX-512 VNNI kernel for tiles of 16 rows,
-/// the AVX-VNNI one for tiles of 8.
+/// the AVX2 ones (AVX-VNNI or `vpmaddubsw`) for tiles of 8.
 pub(crate) fn dot_tiles(
     format: QuantFormat,
     tile_rows: usize,

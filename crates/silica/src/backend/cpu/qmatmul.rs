@@ -17,9 +17,9 @@
 //!
 //! Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 (and on some processors Q4_K)
 //! matrices that the CPU stores in tiles of rows (`packed`: 16 on the
-//! AVX-512 VNNI path, 8 on the AVX2 path with AVX-VNNI) take the tile
-//! kernels for any number of rows of x, or are read back out of the tiles
-//! where the path in effect has changed since they were loaded.
+//! AVX-512 VNNI path, 8 on the AVX2 path) take the tile kernels for any
+//! number of rows of x, or are read back out of the tiles where the path
+//! in effect has changed since they were loaded.
 
 use rayon::prelude::*;
 
