@@ -119,6 +119,20 @@ fn rel_err_beyond(a: &[f32], b: &[f32], slack: &[f32]) -> f64 {
     worst / scale.max(f64::MIN_POSITIVE)
 }
 
+/// `rel_err_beyond` of `x @ wdᵀ` (`got` against `want`, x [m, k] and the
+/// dequantized w [n, k] on the CPU), beyond the 8-bit rounding bound where
+/// the product `rounds` x.
+fn err_beyond_rounding(rounds: bool, got: &[f32], want: &[f32], x: &Tensor, wd: &Tensor) -> f64 {
+    let (m, k, n) = (x.shape()[0], x.shape()[1], wd.shape()[0]);
+    let slack = if rounds {
+        let (xv, wv): (Vec<f32>, Vec<f32>) = (x.to_vec().unwrap(), wd.to_vec().unwrap());
+        rounding_bound(&xv, &wv, m, n, k)
+    } else {
+        vec![0.0; m * n]
+    };
+    rel_err_beyond(got, want, &slack)
+}
+
 #[test]
 fn matmul_q_matches_the_dequantized_reference() {
     let _switch = int8_switch();
@@ -164,14 +178,7 @@ fn matmul_q_matches_the_dequantized_reference() {
                         g.int8_activations() && takes_gemv(g, m, n) && gpu_int8_activations(format)
                     }
                 };
-                let slack = if rounds {
-                    let (xv, wv): (Vec<f32>, Vec<f32>) =
-                        (xc.to_vec().unwrap(), wd.to_vec().unwrap());
-                    rounding_bound(&xv, &wv, m, n, k)
-                } else {
-                    vec![0.0; m * n]
-                };
-                let err = rel_err_beyond(&got, &want, &slack);
+                let err = err_beyond_rounding(rounds, &got, &want, &xc, &wd);
                 assert!(
                     err <= 1e-5,
                     "{dev} ({isa}) {format} [{m}, {k}] x [{n}, {k}]: relative error {err:e}"
@@ -212,14 +219,8 @@ fn tiled_cpu_weights_behave_as_the_blocks() {
                 let x = Tensor::randn(&[m, k], DType::F32, 6, &cpu).unwrap();
                 let got: Vec<f32> = x.matmul_q(&w).unwrap().to_vec().unwrap();
                 let want: Vec<f32> = x.matmul(&wd.t().unwrap()).unwrap().to_vec().unwrap();
-                let slack = if silica::cpu_int8_activations() && int8_activations(format) {
-                    let (xv, wv): (Vec<f32>, Vec<f32>) =
-                        (x.to_vec().unwrap(), wd.to_vec().unwrap());
-                    rounding_bound(&xv, &wv, m, n, k)
-                } else {
-                    vec![0.0; m * n]
-                };
-                let err = rel_err_beyond(&got, &want, &slack);
+                let rounds = silica::cpu_int8_activations() && int8_activations(format);
+                let err = err_beyond_rounding(rounds, &got, &want, &x, &wd);
                 assert!(
                     err <= 1e-5,
                     "{format} on {isa}, {m} rows: relative error {err:e}"

@@ -365,6 +365,22 @@ mod x86 {
     /// kernels (docs/tuning.md, "CPU weights in tiles of 16 rows").
     const AHEAD: usize = 2560;
 
+    /// `Σ u·q` per lane of a block of 16 rows (`w`, `q` as for [`x_word`]):
+    /// two chains of 4 `vpdpbusd`, then their sum.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512vnni")]
+    fn dot16(w: &[__m512i; 8], q: &[i8]) -> __m512 {
+        let xb = |j: usize| _mm512_set1_epi32(x_word(q, j));
+        let zero = _mm512_setzero_si512();
+        let mut d0 = _mm512_dpbusd_epi32(zero, w[0], xb(0));
+        let mut d1 = _mm512_dpbusd_epi32(zero, w[4], xb(4));
+        for j in 1..4 {
+            d0 = _mm512_dpbusd_epi32(d0, w[j], xb(j));
+            d1 = _mm512_dpbusd_epi32(d1, w[j + 4], xb(j + 4));
+        }
+        _mm512_cvtepi32_ps(_mm512_add_epi32(d0, d1))
+    }
+
     /// `(v >> shift) & mask` in each 32-bit lane.
     #[inline(always)]
     fn bits(v: __m512i, shift: u32, mask: i32) -> __m512i {
@@ -462,25 +478,8 @@ mod x86 {
                 let (dh, mh) = scale(2 * p + 1);
                 let b = sb * super::K_SUB + 2 * p;
                 for i in 0..R {
-                    let dot = |u: &[__m512i; 8], b: usize| {
-                        let q = &xq[i][x_at(b, 0)..x_at(b, 7) + 4];
-                        let bc = |j: usize| {
-                            let o = x_at(b, j) - x_at(b, 0);
-                            _mm512_set1_epi32(i32::from_le_bytes([
-                                q[o] as u8,
-                                q[o + 1] as u8,
-                                q[o + 2] as u8,
-                                q[o + 3] as u8,
-                            ]))
-                        };
-                        let mut d0 = _mm512_dpbusd_epi32(zero, u[0], bc(0));
-                        let mut d1 = _mm512_dpbusd_epi32(zero, u[4], bc(4));
-                        for j in 1..4 {
-                            d0 = _mm512_dpbusd_epi32(d0, u[j], bc(j));
-                            d1 = _mm512_dpbusd_epi32(d1, u[j + 4], bc(j + 4));
-                        }
-                        _mm512_cvtepi32_ps(_mm512_add_epi32(d0, d1))
-                    };
+                    let dot =
+                        |u: &[__m512i; 8], b: usize| dot16(u, &xq[i][x_at(b, 0)..x_at(b, 7) + 4]);
                     // w = d·sc·u - dmin·m: dx · (d·sc) · Σu·q - (dmin·m) · sx
                     let (a, c) = (dot(&lo, b), dot(&hi, b + 1));
                     let t = _mm512_mul_ps(a, _mm512_set1_ps(xd[i][b]));
@@ -502,10 +501,17 @@ mod x86 {
             let mut v = [0f32; TILE];
             // SAFETY: `v` holds 16 f32
             unsafe { _mm512_storeu_ps(v.as_mut_ptr(), *acc) };
-            for (lane, v) in v.iter().enumerate() {
-                if let Some(d) = dst.get_mut(lane * m + r0 + i) {
-                    *d = *v;
-                }
+            scatter(&v, r0 + i, m, dst);
+        }
+    }
+
+    /// `dst[lane * m + col] = v[lane]`: one row of x's results for each
+    /// row of a tile, into the product's transposed output.
+    #[inline(always)]
+    fn scatter(v: &[f32], col: usize, m: usize, dst: &mut [f32]) {
+        for (lane, v) in v.iter().enumerate() {
+            if let Some(d) = dst.get_mut(lane * m + col) {
+                *d = *v;
             }
         }
     }
@@ -614,24 +620,7 @@ mod x86 {
             }
             let dw = half(quants);
             for i in 0..R {
-                let q = &xq[i][x_at(b, 0)..x_at(b, 7) + 4];
-                let bc = |j: usize| {
-                    let o = x_at(b, j) - x_at(b, 0);
-                    _mm512_set1_epi32(i32::from_le_bytes([
-                        q[o] as u8,
-                        q[o + 1] as u8,
-                        q[o + 2] as u8,
-                        q[o + 3] as u8,
-                    ]))
-                };
-                // two chains of 4, then their sum
-                let mut d0 = _mm512_dpbusd_epi32(zero, w[0], bc(0));
-                let mut d1 = _mm512_dpbusd_epi32(zero, w[4], bc(4));
-                for j in 1..4 {
-                    d0 = _mm512_dpbusd_epi32(d0, w[j], bc(j));
-                    d1 = _mm512_dpbusd_epi32(d1, w[j + 4], bc(j + 4));
-                }
-                let dot = _mm512_cvtepi32_ps(_mm512_add_epi32(d0, d1));
+                let dot = dot16(&w, &xq[i][x_at(b, 0)..x_at(b, 7) + 4]);
                 let (dx, sx) = (xd[i][b], xs[i][b]);
                 if has_min(F) {
                     // Q4_1, Q5_1: dw · dx · Σu·q + m · sx
@@ -769,11 +758,7 @@ mod x86 {
                 let mut v = [0f32; TILE8];
                 // SAFETY: `v` holds 8 f32
                 unsafe { _mm256_storeu_ps(v.as_mut_ptr(), *acc) };
-                for (lane, v) in v.iter().enumerate() {
-                    if let Some(d) = $dst.get_mut(lane * $m + $r0 + i) {
-                        *d = *v;
-                    }
-                }
+                scatter(&v, $r0 + i, $m, $dst);
             }
         }};
     }
@@ -807,13 +792,18 @@ mod x86 {
     }
 
     /// The 4 quants of x (`q` from `x_at(b, 0)` on) that meet a block's
-    /// quant vector `j`, broadcast to every lane.
+    /// quant vector `j`, as one word (each kernel broadcasts it).
+    #[inline(always)]
+    fn x_word(q: &[i8], j: usize) -> i32 {
+        let o = x_at(0, j);
+        i32::from_le_bytes([q[o] as u8, q[o + 1] as u8, q[o + 2] as u8, q[o + 3] as u8])
+    }
+
+    /// [`x_word`] broadcast to 8 lanes.
     #[inline(always)]
     fn bcast8(q: &[i8], j: usize) -> __m256i {
-        let o = x_at(0, j);
-        let v = i32::from_le_bytes([q[o] as u8, q[o + 1] as u8, q[o + 2] as u8, q[o + 3] as u8]);
         // SAFETY: AVX, which every caller enables
-        unsafe { _mm256_set1_epi32(v) }
+        unsafe { _mm256_set1_epi32(x_word(q, j)) }
     }
 
     /// `Σ u·q` per lane of a block of 8 rows: two chains of 4 `vpdpbusd`.

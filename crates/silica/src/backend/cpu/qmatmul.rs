@@ -71,14 +71,18 @@ pub fn qmatmul(
     // weights in tiles of 16 rows (`packed`): their kernels where the
     // path has them, else the rows read back out
     let tile = tile_rows(w, n);
-    let tiles_run = tile > 0 && int8.is_some() && packed::fast_path(tile);
+    // the path of the tile kernels, where they run
+    let tiles_run = int8.filter(|_| tile > 0 && packed::fast_path(tile));
     let unpacked: Vec<u8>;
-    if tile > 0 && !tiles_run {
+    if tile > 0 && tiles_run.is_none() {
         unpacked = packed::unpack(format, tile, wb, n, k / format.block_elems());
         wb = &unpacked;
     }
-    if m > 0 && n > 0 && tiles_run {
-        let xq = qdot::QuantizedRows::new(int8.unwrap_or(qdot::Path::Scalar), &xs, m, k);
+    if let Some(path) = tiles_run
+        && m > 0
+        && n > 0
+    {
+        let xq = qdot::QuantizedRows::new(path, &xs, m, k);
         let rows = int8_task_rows(n, m, k).next_multiple_of(tile);
         let run =
             |t: usize, dst: &mut [f32]| packed::dot_tiles(format, tile, wb, &xq, m, t * rows, dst);
