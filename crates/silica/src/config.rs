@@ -7,14 +7,21 @@
 use std::sync::OnceLock;
 
 /// Dispatches recorded before the pending batch is submitted without
-/// waiting: enough that the GPU starts on a long run of ops while the host
-/// still records the rest, few enough that a decode step fits in one batch
-/// (docs/tuning.md, "Submission batch size").
+/// waiting, once the GPU has work queued: a decode step fits in one batch
+/// (docs/tuning.md, "Submission batch size"). After the GPU went idle,
+/// batches start at [`DEFAULT_FIRST_BATCH`] and double up to this.
 pub const DEFAULT_SUBMIT_EVERY: u32 = 256;
 
 /// Most dispatches in one submitted batch (the profiling query set holds
 /// two timestamps for each).
 pub const MAX_SUBMIT_EVERY: u32 = 1024;
+
+/// Dispatches in the first batch after the GPU was found idle (a read-back
+/// or a wait that left nothing running); each batch after it may hold
+/// twice as many, up to [`GpuOptions::submit_every`], so that an idle GPU
+/// starts on a prompt while the host still records it (docs/tuning.md,
+/// "First batches after an idle GPU").
+pub const DEFAULT_FIRST_BATCH: u32 = 32;
 
 /// Rows of x up to which a quantized product takes the GEMV kernels (in
 /// chunks of at most 8 rows) rather than the tiled ones: short prompts and
@@ -77,6 +84,10 @@ pub struct GpuOptions {
     /// Dispatches recorded before a batch is submitted, 1 to
     /// [`MAX_SUBMIT_EVERY`]. `SILICA_SUBMIT_EVERY=N`.
     pub submit_every: u32,
+    /// Dispatches in the first batch after the GPU was found idle, 1 to
+    /// [`MAX_SUBMIT_EVERY`] (batches then double up to `submit_every`).
+    /// `SILICA_FIRST_BATCH=N`.
+    pub first_batch: u32,
     /// Rows of x up to which quantized products may take the GEMV kernels,
     /// [`MIN_GEMV_ROWS`] to [`MAX_GEMV_ROWS`]. `SILICA_GEMV_ROWS=N`.
     pub gemv_rows: u32,
@@ -116,6 +127,7 @@ impl Default for GpuOptions {
             mapped_buffers: true,
             integer_gemv: None,
             submit_every: DEFAULT_SUBMIT_EVERY,
+            first_batch: DEFAULT_FIRST_BATCH,
             gemv_rows: DEFAULT_GEMV_ROWS,
             split_k: DEFAULT_SPLIT_K,
             coop_rows: DEFAULT_COOP_ROWS,
@@ -156,6 +168,7 @@ impl GpuOptions {
                 .filter(|v| !v.trim().is_empty())
                 .map(|v| flag(&v)),
             submit_every: number("SILICA_SUBMIT_EVERY", d.submit_every, 1, MAX_SUBMIT_EVERY),
+            first_batch: number("SILICA_FIRST_BATCH", d.first_batch, 1, MAX_SUBMIT_EVERY),
             gemv_rows: number(
                 "SILICA_GEMV_ROWS",
                 d.gemv_rows,
@@ -271,6 +284,7 @@ mod tests {
             ("SILICA_NO_MAPPED", "yes"),
             ("SILICA_INTEGER_GEMV", "0"),
             ("SILICA_SUBMIT_EVERY", " 32 "),
+            ("SILICA_FIRST_BATCH", "8"),
             ("SILICA_GEMV_ROWS", "16"),
             ("SILICA_SPLIT_K", "2"),
             ("SILICA_COOP_ROWS", "32"),
@@ -287,6 +301,7 @@ mod tests {
             mapped_buffers: false,
             integer_gemv: Some(false),
             submit_every: 32,
+            first_batch: 8,
             gemv_rows: 16,
             split_k: 2,
             coop_rows: 32,

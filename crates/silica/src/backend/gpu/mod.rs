@@ -185,6 +185,15 @@ impl GpuDevice {
         self.ctx.pipeline_builds()
     }
 
+    /// Batches of recorded work submitted to the GPU so far. A wait that
+    /// leaves the GPU idle (a read-back with nothing submitted after it, a
+    /// synchronization) makes the next batch short (`first_batch`
+    /// dispatches), and each batch after it twice as long, up to
+    /// `submit_every` ([`GpuOptions`](crate::GpuOptions)).
+    pub fn batches_submitted(&self) -> u64 {
+        self.ctx.submitted()
+    }
+
     /// See [`crate::Device::build_kernels_ahead`].
     pub fn build_kernels_ahead(self: &Arc<Self>, tag: &str) {
         let kernels: Vec<&'static Kernel> = every_kernel()

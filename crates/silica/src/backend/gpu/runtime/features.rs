@@ -28,6 +28,9 @@ pub struct GpuFeatures {
     pub integer_dots: bool,
     /// Dispatches recorded before a batch is submitted.
     pub submit_every: u32,
+    /// Dispatches of the first batch after the GPU was found idle (at most
+    /// `submit_every`).
+    pub first_batch: u32,
     /// Rows of x up to which quantized products may take the GEMV kernels
     /// (in chunks of up to 8).
     pub gemv_rows: u32,
@@ -62,6 +65,10 @@ impl GpuFeatures {
             mapped_buffers: opts.mapped_buffers && unified_memory(adapter),
             integer_dots: integer_dots(adapter),
             submit_every: opts.submit_every.clamp(1, crate::config::MAX_SUBMIT_EVERY),
+            first_batch: opts.first_batch.clamp(
+                1,
+                opts.submit_every.clamp(1, crate::config::MAX_SUBMIT_EVERY),
+            ),
             gemv_rows: opts
                 .gemv_rows
                 .clamp(crate::config::MIN_GEMV_ROWS, crate::config::MAX_GEMV_ROWS),

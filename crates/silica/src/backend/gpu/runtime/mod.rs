@@ -196,6 +196,8 @@ impl Context {
                 slot: 0,
                 dispatches: 0,
                 timed: Vec::new(),
+                limit: features.first_batch,
+                submitted: 0,
             }),
             lost,
             error,

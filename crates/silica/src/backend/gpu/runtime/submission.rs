@@ -32,6 +32,13 @@ pub(super) struct Pending {
     /// batch; entry `i` owns queries `2i` (start) and `2i + 1` (end) of
     /// `Context::queries`.
     pub(super) timed: Vec<(&'static str, [u32; 3])>,
+    /// Dispatches at which this batch is submitted: `first_batch` after
+    /// the GPU was found idle, doubled at each submission up to
+    /// `submit_every`.
+    pub(super) limit: u32,
+    /// Batches submitted so far (a read-back notes the count at its copy,
+    /// to tell whether anything was submitted after it).
+    pub(super) submitted: u64,
 }
 
 thread_local! {
@@ -107,6 +114,10 @@ impl Context {
         p.slot = 0;
         p.dispatches = 0;
         let timed = std::mem::take(&mut p.timed);
+        if p.encoder.is_some() {
+            p.submitted += 1;
+            p.limit = p.limit.saturating_mul(2).min(self.features.submit_every);
+        }
         if timed.first().is_some_and(|t| t.0 == BATCH) {
             // per-batch timing: the end mark, after all of the batch's work
             if let Some(enc) = p.encoder.as_mut() {
@@ -133,7 +144,24 @@ impl Context {
         self.device
             .poll(wgpu::PollType::wait_indefinitely())
             .map_err(|e| self.gpu_err(e))?;
+        self.gpu_idle(None);
         self.take_error()
+    }
+
+    /// After a wait for everything up to submission number `upto` (every
+    /// submission if `None`): where nothing was submitted after it, the
+    /// GPU has nothing left to run, and the next batch is cut short so
+    /// that it starts while the host records the rest.
+    pub(super) fn gpu_idle(&self, upto: Option<u64>) {
+        let mut p = lock(&self.pending);
+        if upto.is_none_or(|n| n == p.submitted) {
+            p.limit = self.features.first_batch;
+        }
+    }
+
+    /// The number of batches submitted so far.
+    pub fn submitted(&self) -> u64 {
+        lock(&self.pending).submitted
     }
 
     /// The open compute pass that dispatches share, opened (and the
@@ -227,7 +255,7 @@ impl Context {
             encode(pass, &pipeline, &bind_group, immediates, groups);
         }
         p.dispatches += 1;
-        let submit = p.dispatches >= self.features.submit_every;
+        let submit = p.dispatches >= p.limit;
         drop(guard);
         if submit {
             self.flush();

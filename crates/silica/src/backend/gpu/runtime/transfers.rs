@@ -17,6 +17,8 @@ pub(crate) struct PendingBytes {
     /// The submission holding the copy (None: nothing was pending, which
     /// cannot happen since the copy itself is recorded)
     index: Option<wgpu::SubmissionIndex>,
+    /// Batches submitted by then, the copy's included.
+    submitted: u64,
 }
 
 impl Context {
@@ -128,7 +130,7 @@ impl Context {
         self.flush();
         // nothing is submitted while the buffer is mapped: work recorded by
         // other threads meanwhile waits in the pending encoder
-        let _hold = lock(&self.pending);
+        let mut hold = lock(&self.pending);
         let start = offset & !(wgpu::MAP_ALIGNMENT - 1);
         let end = (offset + size).next_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT);
         let slice = src.slice(start..end);
@@ -140,6 +142,8 @@ impl Context {
         // buffer between the flush and the lock
         let skip = (offset - start) as usize;
         let read = self.wait_mapped(None, &rx).and_then(|()| {
+            // everything submitted is done: the GPU is idle
+            hold.limit = self.features.first_batch;
             let view = slice.get_mapped_range().map_err(|e| self.gpu_err(e))?;
             Ok(f(&view[skip..skip + size as usize]))
         });
@@ -162,11 +166,17 @@ impl Context {
         });
         self.record(|enc| enc.copy_buffer_to_buffer(src, offset, &staging, 0, size));
         let index = self.flush();
+        let submitted = self.submitted();
         let (tx, rx) = std::sync::mpsc::channel();
         staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
             let _ = tx.send(r);
         });
-        Ok(PendingBytes { staging, rx, index })
+        Ok(PendingBytes {
+            staging,
+            rx,
+            index,
+            submitted,
+        })
     }
 
     /// Waits for a read started by [`Context::read_start`] (only for the
@@ -177,8 +187,14 @@ impl Context {
         pending: PendingBytes,
         f: impl FnOnce(&[u8]) -> R,
     ) -> Result<R> {
-        let PendingBytes { staging, rx, index } = pending;
+        let PendingBytes {
+            staging,
+            rx,
+            index,
+            submitted,
+        } = pending;
         self.wait_mapped(index, &rx)?;
+        self.gpu_idle(Some(submitted));
         let r = {
             let view = staging
                 .slice(..)
