@@ -9,7 +9,10 @@ temperature 0) for --seconds; the aggregate rate is the number of content
 chunks (one per token on both servers) that arrived inside the window, over
 the window. The time to first token is the median, over --ttft-rounds
 sequential requests with a 16-token prompt on the idle server, of the time
-from sending the request to the first content chunk.
+from sending the request to the first content chunk: "new" prompts each
+start with another word, so that neither server can reuse an earlier
+request's KV cache; "repeated" sends the same prompt each time, which both
+servers answer from the cache of the one before (all but its last token).
 
     python3 benchmarks/serve_bench.py --url http://127.0.0.1:8080 --concurrency 1,8,32,64
 """
@@ -24,6 +27,9 @@ from urllib.parse import urlparse
 
 PROMPT = "The history of the river begins in the mountains, where"
 PROMPT16 = "Write one sentence about the sea and the ships that sail on it today:"
+# first words for the "new" prompts: one token each in the models measured
+FIRST_WORDS = ["Write", "Tell", "Give", "Say", "Name", "List", "Show", "Find",
+               "Make", "Take", "Keep", "Call", "Read", "Send", "Pick", "Draw"]
 
 
 def stream(url, prompt, max_tokens, extra=None, until=None):
@@ -96,9 +102,12 @@ def main():
     a = p.parse_args()
     extra = {"ignore_eos": True} if a.llama_server else {}
     stream(a.url, PROMPT, 8, extra)  # warm-up
-    ttft = [stream(a.url, PROMPT16, 1, extra)[1] for _ in range(a.ttft_rounds)]
-    ttft = [t for t in ttft if t is not None]
-    print(f"{a.label}: time to first token (16-token prompt, idle): median {1e3 * statistics.median(ttft):.1f} ms")
+    rest = PROMPT16.split(" ", 1)[1]
+    new = [f"{FIRST_WORDS[i % len(FIRST_WORDS)]} {rest}" for i in range(a.ttft_rounds)]
+    for kind, prompts in (("new", new), ("repeated", [PROMPT16] * a.ttft_rounds)):
+        ttft = [stream(a.url, q, 1, extra)[1] for q in prompts]
+        ttft = [t for t in ttft if t is not None]
+        print(f"{a.label}: time to first token (16-token prompt, {kind}, idle): median {1e3 * statistics.median(ttft):.1f} ms")
     base = None
     for c in [int(x) for x in a.concurrency.split(",")]:
         rate, n = load(a.url, c, a.seconds, a.max_tokens, extra)

@@ -2,7 +2,8 @@
 //! Python client against it on the CPU and on every GPU adapter
 //! (tests/serve_openai.py), the error cases over raw HTTP (OpenAI's error
 //! shape, 400/401/404/429), 32 concurrent streaming clients, some leaving
-//! mid-stream, and a SIGTERM that lets a stream in flight finish.
+//! mid-stream, a SIGTERM that lets a stream in flight finish, and prompts
+//! that reuse an earlier request's KV cache.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -271,6 +272,64 @@ fn the_openai_client_works_on_every_gpu() {
         );
         run_openai_client(&server);
     }
+}
+
+/// One non-streamed completion of 6 greedy tokens: the usage's prompt
+/// tokens and cached prompt tokens.
+fn complete_cached(server: &Server, prompt: &str) -> (u64, u64) {
+    let body = format!(r#"{{"prompt":"{prompt}","max_tokens":6,"temperature":0}}"#);
+    let r = server.post("/v1/completions", &body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let u = &r.json()["usage"];
+    let cached = u["prompt_tokens_details"]["cached_tokens"].as_u64();
+    (u["prompt_tokens"].as_u64().unwrap(), cached.unwrap())
+}
+
+/// A prompt that starts as a finished request's did computes only the rest
+/// (usage's cached tokens and /metrics' counter), a prompt sharing little
+/// takes the slot freed longest ago instead of that cache, and
+/// `--no-prompt-cache` computes every prompt whole.
+#[test]
+fn a_repeated_prompt_reuses_the_kv_cache() {
+    let p = "The history of the river begins in the mountains, where";
+    // q shares its first words with p, a small part of p's kept tokens
+    let q = "The history of Rome is long and";
+    let server = Server::start(&[
+        "--device",
+        "cpu",
+        "--parallel",
+        "2",
+        "--embed-model",
+        "none",
+    ]);
+    let (n, cached) = complete_cached(&server, p);
+    assert_eq!(cached, 0, "nothing was kept yet");
+    assert!(n > 4);
+    // everything but the last token, whose logits give the first new one
+    assert_eq!(complete_cached(&server, p), (n, n - 1));
+    assert_eq!(complete_cached(&server, q).1, 0, "q took p's cache");
+    assert_eq!(
+        complete_cached(&server, p),
+        (n, n - 1),
+        "p's cache was lost"
+    );
+    assert_eq!(
+        server.metric("silica_prompt_tokens_cached_total"),
+        (2 * (n - 1)) as f64
+    );
+    drop(server);
+    let server = Server::start(&[
+        "--device",
+        "cpu",
+        "--parallel",
+        "2",
+        "--embed-model",
+        "none",
+        "--no-prompt-cache",
+    ]);
+    assert_eq!(complete_cached(&server, p), (n, 0));
+    assert_eq!(complete_cached(&server, p), (n, 0));
+    assert_eq!(server.metric("silica_prompt_tokens_cached_total"), 0.0);
 }
 
 #[test]

@@ -46,20 +46,22 @@ fn batched_sequences_match_each_alone() {
         let gguf = silica_models::gguf::GgufFile::open(&file.path).unwrap();
         let model = Llama::load(&gguf, &dev, silica::DType::F32).unwrap();
         let prompts: [&[u32]; 3] = [
-            &[1, 5, 9, 13, 2, 7],
-            &[1, 4],
-            &[1, 8, 8, 3, 30, 31, 32, 12, 6],
+            &[301, 305, 309, 313, 302, 307],
+            &[301, 304],
+            &[301, 308, 308, 303, 330, 331, 332, 312, 306],
         ];
         let mut caches: Vec<_> = prompts.iter().map(|_| model.new_cache()).collect();
         // the third sequence has positions cached already
-        model.forward(&[1, 2, 3], &mut caches[2], false).unwrap();
+        model
+            .forward(&[301, 302, 303], &mut caches[2], false)
+            .unwrap();
         let mut steps: Vec<SeqStep> = prompts
             .iter()
             .zip(caches.iter_mut())
             .map(|(ids, cache)| SeqStep { ids, cache })
             .collect();
         let batched = rows(&model.forward_batch(&mut steps).unwrap());
-        let prefixes: [&[u32]; 3] = [&[], &[], &[1, 2, 3]];
+        let prefixes: [&[u32]; 3] = [&[], &[], &[301, 302, 303]];
         for i in 0..3 {
             let want = alone(&model, prefixes[i], prompts[i]);
             let d = max_diff(&batched[i], &want);
@@ -72,11 +74,11 @@ fn batched_sequences_match_each_alone() {
 
         // decode steps: sequence 1 leaves, then sequence 0 and 2 go on
         let mut steps = vec![SeqStep {
-            ids: &[40],
+            ids: &[340],
             cache: &mut caches[0],
         }];
         let out = rows(&model.forward_batch(&mut steps).unwrap());
-        let want = alone(&model, &[1, 5, 9, 13, 2, 7], &[40]);
+        let want = alone(&model, &[301, 305, 309, 313, 302, 307], &[340]);
         assert!(
             max_diff(&out[0], &want) < 2e-3,
             "{dev:?}: a one-sequence step"
@@ -84,17 +86,21 @@ fn batched_sequences_match_each_alone() {
         let (a, b) = caches.split_at_mut(2);
         let mut steps = vec![
             SeqStep {
-                ids: &[41],
+                ids: &[341],
                 cache: &mut a[0],
             },
             SeqStep {
-                ids: &[42],
+                ids: &[342],
                 cache: &mut b[0],
             },
         ];
         let out = rows(&model.forward_batch(&mut steps).unwrap());
-        let want0 = alone(&model, &[1, 5, 9, 13, 2, 7, 40], &[41]);
-        let want2 = alone(&model, &[1, 2, 3, 1, 8, 8, 3, 30, 31, 32, 12, 6], &[42]);
+        let want0 = alone(&model, &[301, 305, 309, 313, 302, 307, 340], &[341]);
+        let want2 = alone(
+            &model,
+            &[301, 302, 303, 301, 308, 308, 303, 330, 331, 332, 312, 306],
+            &[342],
+        );
         assert!(
             max_diff(&out[0], &want0) < 2e-3,
             "{dev:?}: decode of sequence 0"
@@ -109,7 +115,7 @@ fn batched_sequences_match_each_alone() {
         let (a, b) = caches.split_at_mut(1);
         let mut steps = vec![
             SeqStep {
-                ids: &[3],
+                ids: &[303],
                 cache: &mut a[0],
             },
             SeqStep {
@@ -142,7 +148,11 @@ fn pooled_sequences_match_each_alone() {
         let mut pool = model.new_pool(3).unwrap();
         let slots: Vec<usize> = (0..3).map(|_| pool.acquire().unwrap()).collect();
         assert_eq!(pool.acquire(), None, "three slots");
-        let prompts: [&[u32]; 3] = [&[1, 5, 9, 13, 2, 7], &[1, 4], &[1, 8, 8, 3, 30]];
+        let prompts: [&[u32]; 3] = [
+            &[301, 305, 309, 313, 302, 307],
+            &[301, 304],
+            &[301, 308, 308, 303, 330],
+        ];
         let steps: Vec<PoolStep> = slots
             .iter()
             .zip(prompts)
@@ -156,7 +166,7 @@ fn pooled_sequences_match_each_alone() {
         // decode steps of every sequence, one token each (one kernel on a GPU)
         let mut history: Vec<Vec<u32>> = prompts.iter().map(|p| p.to_vec()).collect();
         for t in 0..3u32 {
-            let next: Vec<[u32; 1]> = (0..3).map(|i| [40 + 3 * t + i]).collect();
+            let next: Vec<[u32; 1]> = (0..3).map(|i| [340 + 3 * t + i]).collect();
             let steps: Vec<PoolStep> = slots
                 .iter()
                 .zip(&next)
@@ -181,40 +191,40 @@ fn pooled_sequences_match_each_alone() {
             PoolStep { slot, ids: &long },
             PoolStep {
                 slot: slots[0],
-                ids: &[77],
+                ids: &[377],
             },
         ];
         let out = rows(&model.forward_pooled(&mut pool, &steps).unwrap());
         assert!(pool.capacity() >= 300, "the pool grew");
         let d = max_diff(&out[0], &alone(&model, &[], &long));
         assert!(d < 2e-3, "{dev:?}: the long prompt differs by {d}");
-        let d = max_diff(&out[1], &alone(&model, &history[0], &[77]));
+        let d = max_diff(&out[1], &alone(&model, &history[0], &[377]));
         assert!(
             d < 2e-3,
             "{dev:?}: a sequence carried over the growth differs by {d}"
         );
         history[0].push(77);
         let steps = [
-            PoolStep { slot, ids: &[5] },
+            PoolStep { slot, ids: &[305] },
             PoolStep {
                 slot: slots[2],
-                ids: &[6],
+                ids: &[306],
             },
         ];
         let out = rows(&model.forward_pooled(&mut pool, &steps).unwrap());
         assert!(
-            max_diff(&out[0], &alone(&model, &long, &[5])) < 2e-3,
+            max_diff(&out[0], &alone(&model, &long, &[305])) < 2e-3,
             "{dev:?}"
         );
         assert!(
-            max_diff(&out[1], &alone(&model, &history[2], &[6])) < 2e-3,
+            max_diff(&out[1], &alone(&model, &history[2], &[306])) < 2e-3,
             "{dev:?}"
         );
 
         // bad input leaves every slot as it was
         let before: Vec<usize> = (0..3).map(|s| pool.len(s)).collect();
         let bad = [
-            PoolStep { slot, ids: &[3] },
+            PoolStep { slot, ids: &[303] },
             PoolStep {
                 slot: slots[0],
                 ids: &[u32::MAX],
@@ -225,17 +235,84 @@ fn pooled_sequences_match_each_alone() {
             .unwrap_err()
             .to_string();
         assert!(e.contains("vocabulary"), "{e}");
-        let twice = [PoolStep { slot, ids: &[3] }, PoolStep { slot, ids: &[4] }];
+        let twice = [
+            PoolStep { slot, ids: &[303] },
+            PoolStep { slot, ids: &[304] },
+        ];
         assert!(model.forward_pooled(&mut pool, &twice).is_err());
         pool.release(slots[2]);
         let freed = [PoolStep {
             slot: slots[2],
-            ids: &[3],
+            ids: &[303],
         }];
         assert!(model.forward_pooled(&mut pool, &freed).is_err());
         assert!(model.forward_pooled(&mut pool, &[]).is_err());
         assert_eq!(pool.len(slot), before[slot]);
         assert_eq!(pool.len(slots[0]), before[slots[0]]);
+    }
+}
+
+/// A freed slot keeps its first positions for a prompt that starts with
+/// the same tokens (`release_keeping`, `acquire_at`): the rest of that
+/// prompt gives the logits the whole prompt gives alone, also after the
+/// pool grew while the slot was free.
+#[test]
+fn kept_positions_serve_a_prompt_that_starts_the_same() {
+    let file = TinyModelFile::write_quantized("keep", &Tiny::quantized());
+    for dev in tiny_llama::devices() {
+        let gguf = silica_models::gguf::GgufFile::open(&file.path).unwrap();
+        let model = Llama::load(&gguf, &dev, silica::DType::F32).unwrap();
+        let mut pool = model.new_pool(2).unwrap();
+        let a = pool.acquire_at(0, 5).map(|_| 0).unwrap();
+        assert_eq!(pool.len(a), 0, "a fresh slot keeps nothing");
+        let first = [301u32, 305, 409, 313, 302, 307, 311, 304];
+        let step = [PoolStep {
+            slot: a,
+            ids: &first,
+        }];
+        model.forward_pooled(&mut pool, &step).unwrap();
+        pool.release_keeping(a, 6);
+        assert!(!pool.in_use(a));
+        assert_eq!((pool.kept(a), pool.len(a)), (6, 0));
+        // the other slot grows the pool while `a` is free
+        assert_eq!(pool.acquire_at(1, 0), Some(0));
+        let long: Vec<u32> = (0..300).map(|i| 1 + (i * 7) % 500).collect();
+        let step = [PoolStep {
+            slot: 1,
+            ids: &long,
+        }];
+        model.forward_pooled(&mut pool, &step).unwrap();
+        assert!(pool.capacity() >= 300, "the pool grew");
+        assert_eq!(pool.acquire_at(1, 0), None, "slot 1 is in use");
+        assert_eq!(pool.acquire_at(2, 0), None, "there is no slot 2");
+        // at most what it kept
+        assert_eq!(pool.acquire_at(a, 100), Some(6));
+        assert_eq!((pool.len(a), pool.kept(a)), (6, 0));
+        let second = [301u32, 305, 409, 313, 302, 307, 320, 321];
+        let step = [PoolStep {
+            slot: a,
+            ids: &second[6..],
+        }];
+        let out = rows(&model.forward_pooled(&mut pool, &step).unwrap());
+        let d = max_diff(&out[0], &alone(&model, &[], &second));
+        assert!(
+            d < 2e-3,
+            "{dev:?}: after kept positions the prompt differs by {d}"
+        );
+        // the long sequence carried over the growth too
+        let step = [PoolStep {
+            slot: 1,
+            ids: &[303],
+        }];
+        let out = rows(&model.forward_pooled(&mut pool, &step).unwrap());
+        assert!(
+            max_diff(&out[0], &alone(&model, &long, &[303])) < 2e-3,
+            "{dev:?}"
+        );
+        // a plain release forgets
+        pool.release(a);
+        assert_eq!(pool.kept(a), 0);
+        assert_eq!(pool.acquire_at(a, 4), Some(0));
     }
 }
 
@@ -249,7 +326,11 @@ fn picked_tokens_match_host_tokens() {
     for dev in tiny_llama::devices() {
         let gguf = silica_models::gguf::GgufFile::open(&file.path).unwrap();
         let model = Llama::load(&gguf, &dev, silica::DType::F32).unwrap();
-        let prompts: [&[u32]; 3] = [&[1, 5, 9, 13], &[1, 4], &[1, 8, 8, 3, 30]];
+        let prompts: [&[u32]; 3] = [
+            &[301, 305, 309, 313],
+            &[301, 304],
+            &[301, 308, 308, 303, 330],
+        ];
         let (mut by_host, mut by_device) = (model.new_pool(3).unwrap(), model.new_pool(3).unwrap());
         let mut last = None;
         for pool in [&mut by_host, &mut by_device] {

@@ -8,6 +8,12 @@
 //! rest wait in arrival order); a request whose client has gone is dropped
 //! at the next step, and its slot freed.
 //!
+//! A sequence leaving keeps its positions in its slot, and a new prompt
+//! takes the free slot whose kept tokens share the longest start with it,
+//! so only the rest of the prompt is computed (a chat's earlier turns, a
+//! fixed system prompt); a prompt that shares nothing takes the slot freed
+//! longest ago. `--no-prompt-cache` turns this off.
+//!
 //! On a GPU, while every sequence that gets a token from a step picks it
 //! greedily, the next step is queued on the step's argmax before its tokens
 //! are read back (`Llama::forward_pooled_picked`), so the GPU works while
@@ -15,6 +21,7 @@
 //! token has its row of the next step dropped.
 
 use std::cell::{Cell, RefCell};
+use std::cmp::Reverse;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
@@ -71,6 +78,9 @@ pub enum Event {
     Done {
         finish: Finish,
         prompt_tokens: usize,
+        /// Of the prompt tokens, those reused from an earlier request's
+        /// KV cache.
+        cached_tokens: usize,
         completion_tokens: usize,
     },
     /// The job failed (an HTTP status and a message); nothing follows.
@@ -96,6 +106,7 @@ impl Engine {
         tokenizer: Arc<Tokenizer>,
         parallel: usize,
         context: usize,
+        prompt_cache: bool,
         metrics: Arc<Metrics>,
     ) -> silica_models::Result<Engine> {
         let mut pool = model.new_pool(parallel)?;
@@ -132,6 +143,10 @@ impl Engine {
                     active: a,
                     next_id: Cell::new(0),
                     stop: stopped,
+                    prompt_cache,
+                    kept: RefCell::new(vec![Vec::new(); parallel]),
+                    freed_at: RefCell::new(vec![0; parallel]),
+                    frees: Cell::new(0),
                 }
                 .run(rx)
             })
@@ -191,6 +206,8 @@ struct Seq<'a> {
     /// The last sampled token, not yet in the cache.
     next: Option<u32>,
     history: Vec<u32>,
+    /// Prompt tokens whose positions the slot kept from its last sequence.
+    cached: usize,
     generated: usize,
     stream: TokenStream<'a>,
     /// All generated text, and how much of it was sent.
@@ -212,6 +229,14 @@ struct Runner<'a> {
     next_id: Cell<u64>,
     /// Set by [`Engine::shutdown`].
     stop: Arc<AtomicBool>,
+    /// Free slots keep their last sequence's positions for a prompt that
+    /// starts the same way.
+    prompt_cache: bool,
+    /// Per slot: the tokens of the positions a free slot kept.
+    kept: RefCell<Vec<Vec<u32>>>,
+    /// Per slot: when it was last freed (a count of frees).
+    freed_at: RefCell<Vec<u64>>,
+    frees: Cell<u64>,
 }
 
 /// What a sequence feeds one step.
@@ -264,7 +289,7 @@ impl<'a> Runner<'a> {
             }
             // clients that left free their slot at once
             waiting.retain(|j| !j.events.is_closed());
-            seqs.retain(|s| !s.job.events.is_closed());
+            self.drop_seqs(&mut seqs, |s| s.job.events.is_closed());
             self.free_slots(&seqs);
             while seqs.len() < self.parallel {
                 let Some(job) = waiting.pop_front() else {
@@ -281,25 +306,82 @@ impl<'a> Runner<'a> {
         }
     }
 
-    /// Frees the slots of the sequences that are gone.
+    /// Frees the slots that no sequence holds (those of sequences dropped
+    /// without [`Runner::drop_seqs`]; none in the usual course).
     fn free_slots(&self, seqs: &[Seq<'a>]) {
         let mut pool = self.pool.borrow_mut();
         for slot in 0..pool.slots() {
-            if !seqs.iter().any(|s| s.slot == slot) {
+            if pool.in_use(slot) && !seqs.iter().any(|s| s.slot == slot) {
                 pool.release(slot);
+                self.kept.borrow_mut()[slot].clear();
             }
         }
+    }
+
+    /// Removes the sequences for which `gone` holds, freeing their slots.
+    /// A slot keeps the positions whose tokens are known: the prompt's and
+    /// the generated tokens', not one whose step was queued but not read.
+    fn drop_seqs(&self, seqs: &mut Vec<Seq<'a>>, gone: impl Fn(&Seq<'a>) -> bool) {
+        seqs.retain(|s| {
+            if !gone(s) {
+                return true;
+            }
+            let mut pool = self.pool.borrow_mut();
+            let keep = if self.prompt_cache {
+                pool.len(s.slot).min(s.history.len())
+            } else {
+                0
+            };
+            pool.release_keeping(s.slot, keep);
+            self.kept.borrow_mut()[s.slot] = s.history[..keep].to_vec();
+            self.frees.set(self.frees.get() + 1);
+            self.freed_at.borrow_mut()[s.slot] = self.frees.get();
+            false
+        });
+    }
+
+    /// Takes the free slot for `prompt` and returns it with the prompt
+    /// tokens it already holds: the slot whose kept tokens share the
+    /// longest start with the prompt, where that start is at least half of
+    /// them, else the slot freed longest ago (so that a prompt sharing
+    /// little, a start token or a stock system prompt, does not take a
+    /// long conversation's cache while a staler slot is free). The prompt's
+    /// last token is always computed: its logits give the first new token.
+    fn take_slot(&self, prompt: &[u32]) -> Option<(usize, usize)> {
+        let mut pool = self.pool.borrow_mut();
+        let (kept, freed_at) = (self.kept.borrow(), self.freed_at.borrow());
+        let most = prompt.len().saturating_sub(1);
+        let shared = |slot: usize| {
+            kept[slot]
+                .iter()
+                .zip(prompt)
+                .take_while(|(a, b)| a == b)
+                .count()
+        };
+        let (_, _, slot) = (0..pool.slots())
+            .filter(|&slot| !pool.in_use(slot))
+            .map(|slot| {
+                let n = shared(slot);
+                let score = if n > 0 && 2 * n >= kept[slot].len() {
+                    n.min(most)
+                } else {
+                    0
+                };
+                (score, Reverse(freed_at[slot]), slot)
+            })
+            .max()?;
+        let held = pool.acquire_at(slot, shared(slot).min(most))?;
+        Some((slot, held))
     }
 
     fn admit(&self, job: Job) -> Seq<'a> {
         let sampler = Sampler::new(job.params.clone());
         // invariant: at most `parallel` sequences, the pool's slot count,
         // and the slots of those gone freed
-        let slot = self
-            .pool
-            .borrow_mut()
-            .acquire()
+        let (slot, cached) = self
+            .take_slot(&job.prompt)
             .expect("a free slot for each admitted sequence");
+        self.metrics.cached(cached);
         let id = self.next_id.get();
         self.next_id.set(id + 1);
         Seq {
@@ -308,7 +390,8 @@ impl<'a> Runner<'a> {
             job,
             slot,
             sampler,
-            fed: 0,
+            cached,
+            fed: cached,
             next: None,
             generated: 0,
             stream: TokenStream::new(self.tokenizer),
@@ -621,6 +704,7 @@ impl<'a> Runner<'a> {
         let _ = s.job.events.send(Event::Done {
             finish,
             prompt_tokens: s.job.prompt.len(),
+            cached_tokens: s.cached,
             completion_tokens: s.generated,
         });
         s.next = None;
@@ -628,7 +712,7 @@ impl<'a> Runner<'a> {
     }
 
     fn finish_done(&self, seqs: &mut Vec<Seq<'a>>) {
-        seqs.retain(|s| !s.finished);
+        self.drop_seqs(seqs, |s| s.finished);
         self.active.store(seqs.len(), Ordering::SeqCst);
         self.metrics
             .set_load(self.queued.load(Ordering::SeqCst), seqs.len());

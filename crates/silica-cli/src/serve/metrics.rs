@@ -12,6 +12,7 @@ pub struct Metrics {
     /// (endpoint, status) → count
     requests: Mutex<Vec<((&'static str, u16), u64)>>,
     prompt_tokens: AtomicU64,
+    cached_tokens: AtomicU64,
     completion_tokens: AtomicU64,
     embedded_inputs: AtomicU64,
     queued: AtomicU64,
@@ -29,6 +30,7 @@ impl Metrics {
         Self {
             requests: Mutex::default(),
             prompt_tokens: AtomicU64::default(),
+            cached_tokens: AtomicU64::default(),
             completion_tokens: AtomicU64::default(),
             embedded_inputs: AtomicU64::default(),
             queued: AtomicU64::default(),
@@ -51,6 +53,13 @@ impl Metrics {
 
     pub fn prompt(&self, tokens: usize) {
         self.prompt_tokens
+            .fetch_add(tokens as u64, Ordering::Relaxed);
+    }
+
+    /// Prompt tokens whose positions a sequence took from a slot's last
+    /// sequence instead of computing them.
+    pub fn cached(&self, tokens: usize) {
+        self.cached_tokens
             .fetch_add(tokens as u64, Ordering::Relaxed);
     }
 
@@ -128,6 +137,13 @@ impl Metrics {
             "counter",
             "Prompt tokens of generation requests.",
             load(&self.prompt_tokens),
+        );
+        g(
+            &mut o,
+            "silica_prompt_tokens_cached_total",
+            "counter",
+            "Prompt tokens reused from the KV cache of an earlier request.",
+            load(&self.cached_tokens),
         );
         g(
             &mut o,

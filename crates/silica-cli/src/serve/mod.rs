@@ -76,6 +76,12 @@ pub struct ServeArgs {
     /// Compute dtype of the decoder: f32, f16 or bf16.
     #[arg(long, default_value = "f32")]
     dtype: String,
+    /// Compute every prompt whole: by default a finished request's KV
+    /// cache stays in its slot, and a prompt that starts with the same
+    /// tokens (a chat's earlier turns, a shared system prompt) computes only
+    /// the rest.
+    #[arg(long)]
+    no_prompt_cache: bool,
 }
 
 /// What is served once loaded.
@@ -148,6 +154,7 @@ async fn serve(args: &ServeArgs, addr: SocketAddr, dtype: DType) -> Result<(), C
             args.device.clone(),
             args.parallel,
             args.ctx,
+            !args.no_prompt_cache,
         );
         std::thread::spawn(move || {
             let r = load(opts, dtype, metrics).map(|l| {
@@ -238,12 +245,13 @@ async fn shutdown_signal() {
 }
 
 fn load(
-    (model, embed, device, parallel, ctx): (
+    (model, embed, device, parallel, ctx, prompt_cache): (
         Option<String>,
         Option<String>,
         Option<String>,
         usize,
         Option<usize>,
+        bool,
     ),
     dtype: DType,
     metrics: Arc<Metrics>,
@@ -287,7 +295,14 @@ fn load(
             Some((id, Mutex::new(enc)))
         }
     };
-    let engine = Engine::start(llama, tokenizer.clone(), parallel, context, metrics)?;
+    let engine = Engine::start(
+        llama,
+        tokenizer.clone(),
+        parallel,
+        context,
+        prompt_cache,
+        metrics,
+    )?;
     Ok(Loaded {
         engine,
         tokenizer,
@@ -708,8 +723,15 @@ fn completion_id(kind: Kind) -> String {
     }
 }
 
-fn usage(prompt: usize, completion: usize) -> Value {
-    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
+/// OpenAI's usage object; `cached`: prompt tokens taken from the KV cache
+/// of an earlier request.
+fn usage(prompt: usize, cached: usize, completion: usize) -> Value {
+    json!({
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    })
 }
 
 /// A chunk (streamed) or a whole response's choice.
@@ -760,12 +782,13 @@ async fn respond(
                 Some(Event::Done {
                     finish,
                     prompt_tokens,
+                    cached_tokens,
                     completion_tokens,
                 }) => {
                     let body = json!({
                         "id": id, "object": object, "created": created, "model": model,
                         "choices": [choice(kind, Some(&text), Some(finish.as_str()), true, false)],
-                        "usage": usage(prompt_tokens, completion_tokens),
+                        "usage": usage(prompt_tokens, cached_tokens, completion_tokens),
                     });
                     return Ok(axum::Json(body).into_response());
                 }
@@ -809,6 +832,7 @@ async fn respond(
                 Event::Done {
                     finish,
                     prompt_tokens,
+                    cached_tokens,
                     completion_tokens,
                 } => {
                     let c = choice(kind, None, Some(finish.as_str()), first, true);
@@ -816,7 +840,7 @@ async fn respond(
                     if include_usage {
                         let _ = tx.send(Ok(chunk(
                             json!([]),
-                            usage(prompt_tokens, completion_tokens),
+                            usage(prompt_tokens, cached_tokens, completion_tokens),
                         )));
                     }
                     let _ = tx.send(Ok(SseEvent::default().data("[DONE]")));

@@ -175,6 +175,7 @@ impl Llama {
             capacity: 0,
             lens: vec![0; slots],
             used: vec![false; slots],
+            kept: vec![0; slots],
         };
         self.reserve_pool(&mut pool, CACHE_START.min(self.config.context_length))?;
         Ok(pool)
@@ -307,7 +308,9 @@ impl Llama {
         for li in 0..c.n_layers {
             let mut t = Tensor::zeros(&shape, self.dtype, &self.device)?;
             if let Some(old) = pool.kv.get(li) {
-                for (slot, &len) in pool.lens.iter().enumerate().filter(|(_, l)| **l > 0) {
+                // a free slot's kept positions move with it
+                let held = pool.lens.iter().zip(&pool.kept).map(|(l, k)| *l.max(k));
+                for (slot, len) in held.enumerate().filter(|(_, l)| *l > 0) {
                     let rows = old.narrow(0, slot * pool.capacity, len)?;
                     t.slice_assign(slot * capacity, &rows)?;
                 }
@@ -532,23 +535,59 @@ pub struct KvPool {
     capacity: usize,
     lens: Vec<usize>,
     used: Vec<bool>,
+    /// Positions a free slot still holds from its last sequence, for
+    /// [`KvPool::acquire_at`] (0 for used slots).
+    kept: Vec<usize>,
 }
 
 impl KvPool {
     /// A free slot, marked used and empty; `None` when every slot is used.
     pub fn acquire(&mut self) -> Option<usize> {
         let slot = self.used.iter().position(|u| !u)?;
-        self.used[slot] = true;
-        self.lens[slot] = 0;
+        self.acquire_at(slot, 0);
         Some(slot)
+    }
+
+    /// Takes free slot `slot` with the first `keep` of the positions it
+    /// kept from its last sequence (at most [`KvPool::kept`]): the
+    /// positions it holds now, to which the next step's tokens go. `None`
+    /// when the slot does not exist or is in use.
+    pub fn acquire_at(&mut self, slot: usize, keep: usize) -> Option<usize> {
+        if self.used.get(slot) != Some(&false) {
+            return None;
+        }
+        let keep = keep.min(self.kept[slot]);
+        self.used[slot] = true;
+        self.lens[slot] = keep;
+        self.kept[slot] = 0;
+        Some(keep)
     }
 
     /// Frees `slot` (its positions are forgotten).
     pub fn release(&mut self, slot: usize) {
-        if let Some(u) = self.used.get_mut(slot) {
-            *u = false;
+        self.release_keeping(slot, 0);
+    }
+
+    /// Frees `slot`, keeping its first `keep` positions (at most those it
+    /// holds) for a later sequence that starts with the same tokens
+    /// ([`KvPool::acquire_at`]). Work already queued on the slot still
+    /// lands there, before any step queued after this.
+    pub fn release_keeping(&mut self, slot: usize, keep: usize) {
+        if self.used.get(slot) == Some(&true) {
+            self.used[slot] = false;
+            self.kept[slot] = keep.min(self.lens[slot]);
             self.lens[slot] = 0;
         }
+    }
+
+    /// Whether `slot` is taken by a sequence.
+    pub fn in_use(&self, slot: usize) -> bool {
+        self.used.get(slot) == Some(&true)
+    }
+
+    /// Positions free slot `slot` kept from its last sequence.
+    pub fn kept(&self, slot: usize) -> usize {
+        self.kept.get(slot).copied().unwrap_or(0)
     }
 
     /// Positions `slot` holds.
