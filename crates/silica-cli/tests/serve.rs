@@ -317,6 +317,36 @@ fn a_repeated_prompt_reuses_the_kv_cache() {
         server.metric("silica_prompt_tokens_cached_total"),
         (2 * (n - 1)) as f64
     );
+    // a chat's second turn starts with the first turn's prompt (and, as
+    // the template writes it back, the reply)
+    let first = r#"[{"role":"user","content":"Name a river."}]"#;
+    let r = server.post(
+        "/v1/chat/completions",
+        &format!(r#"{{"messages":{first},"max_tokens":6,"temperature":0}}"#),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    let turn1 = v["usage"]["prompt_tokens"].as_u64().unwrap();
+    let reply = v["choices"][0]["message"]["content"].as_str().unwrap();
+    let second = serde_json::json!({
+        "messages": [
+            {"role": "user", "content": "Name a river."},
+            {"role": "assistant", "content": reply},
+            {"role": "user", "content": "And a mountain?"},
+        ],
+        "max_tokens": 6,
+        "temperature": 0,
+    });
+    let r = server.post("/v1/chat/completions", &second.to_string());
+    assert_eq!(r.status, 200, "{}", r.body);
+    let u = &r.json()["usage"];
+    let cached = u["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        cached >= turn1 && cached < u["prompt_tokens"].as_u64().unwrap(),
+        "turn 2 reused {cached} tokens of a first turn of {turn1}: {u}"
+    );
     drop(server);
     let server = Server::start(&[
         "--device",
