@@ -5,7 +5,7 @@ BENCHMARKS.md's server table. Standard library only.
 
 For each concurrency C: C client threads each send streaming
 /v1/completions requests back to back (a fixed prompt, --max-tokens tokens,
-temperature 0) for --seconds; the aggregate rate is the number of content
+--temperature, 0 by default) for --seconds; the aggregate rate is the number of content
 chunks (one per token on both servers) that arrived inside the window, over
 the window. The time to first token is the median, over --ttft-rounds
 sequential requests with a 16-token prompt on the idle server, of the time
@@ -32,13 +32,13 @@ FIRST_WORDS = ["Write", "Tell", "Give", "Say", "Name", "List", "Show", "Find",
                "Make", "Take", "Keep", "Call", "Read", "Send", "Pick", "Draw"]
 
 
-def stream(url, prompt, max_tokens, extra=None, until=None):
+def stream(url, prompt, max_tokens, extra=None, until=None, temperature=0.0):
     """Sends one streaming completion; returns (tokens, seconds to first
     content, total seconds). With `until` (a perf_counter time), only tokens
     before it count and the stream is left there."""
     u = urlparse(url)
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=600)
-    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": temperature, "stream": True,
             "stream_options": {"include_usage": True}}
     body.update(extra or {})
     t0 = time.perf_counter()
@@ -69,7 +69,7 @@ def stream(url, prompt, max_tokens, extra=None, until=None):
     return chunks, first, time.perf_counter() - t0
 
 
-def load(url, c, seconds, max_tokens, extra):
+def load(url, c, seconds, max_tokens, extra, temperature):
     done = []
     lock = threading.Lock()
     end = time.perf_counter() + seconds
@@ -77,7 +77,7 @@ def load(url, c, seconds, max_tokens, extra):
 
     def client():
         while time.perf_counter() < end:
-            n, _, _ = stream(url, PROMPT, max_tokens, extra, until=end)
+            n, _, _ = stream(url, PROMPT, max_tokens, extra, until=end, temperature=temperature)
             with lock:
                 done.append(n)
 
@@ -98,6 +98,7 @@ def main():
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--ttft-rounds", type=int, default=10)
     p.add_argument("--label", default="server")
+    p.add_argument("--temperature", type=float, default=0.0, help="of the streams (not of the TTFT prompts); 0 is greedy")
     p.add_argument("--llama-server", action="store_true", help="ask llama-server to ignore EOS as silica's random models rarely end")
     a = p.parse_args()
     extra = {"ignore_eos": True} if a.llama_server else {}
@@ -110,7 +111,7 @@ def main():
         print(f"{a.label}: time to first token (16-token prompt, {kind}, idle): median {1e3 * statistics.median(ttft):.1f} ms")
     base = None
     for c in [int(x) for x in a.concurrency.split(",")]:
-        rate, n = load(a.url, c, a.seconds, a.max_tokens, extra)
+        rate, n = load(a.url, c, a.seconds, a.max_tokens, extra, a.temperature)
         base = base or rate
         print(f"{a.label}: {c:>3} streams: {rate:8.1f} tok/s aggregate ({n} requests, {rate / base:.2f}x one stream)")
 

@@ -68,6 +68,12 @@ b = client.completions.create(model=decoder, prompt="The weather", max_tokens=8,
 assert a.choices[0].text == b.choices[0].text, (a.choices[0].text, b.choices[0].text)
 s = client.completions.create(model=decoder, prompt="The weather", max_tokens=8, temperature=0.8, top_p=0.9, seed=7, stream=True)
 assert "".join(ch.choices[0].text for ch in s if ch.choices) == a.choices[0].text
+# a temperature alone: the tokens are drawn on the device, from the seed
+a = client.completions.create(model=decoder, prompt="The weather", max_tokens=8, temperature=0.9, seed=11)
+b = client.completions.create(model=decoder, prompt="The weather", max_tokens=8, temperature=0.9, seed=11)
+assert a.choices[0].text == b.choices[0].text, (a.choices[0].text, b.choices[0].text)
+s = client.completions.create(model=decoder, prompt="The weather", max_tokens=8, temperature=0.9, seed=11, stream=True)
+assert "".join(ch.choices[0].text for ch in s if ch.choices) == a.choices[0].text
 
 # embeddings: floats, and base64 of the same little-endian f32 values
 e = client.embeddings.create(model=encoder, input=["A cat sat on the mat.", "A dog lay on the rug."])

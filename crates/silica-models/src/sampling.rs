@@ -4,6 +4,9 @@
 
 use rand::{Rng, SeedableRng};
 
+mod device;
+pub use device::{RowDraw, draw_rows};
+
 /// How to pick tokens. `temperature == 0` is greedy (the other settings
 /// then only matter through the repetition penalty).
 #[derive(Clone, Debug, PartialEq)]
@@ -52,6 +55,21 @@ impl Sampler {
         self.params.temperature <= 0.0 && self.params.repetition_penalty == 1.0
     }
 
+    /// The draw of [`draw_rows`] where it gives this sampler's
+    /// distribution (a temperature and nothing else: no top-k, top-p,
+    /// min-p or repetition penalty), for its `counter`-th token: the pick
+    /// then needs no logits on the host. `None` for greedy samplers and
+    /// those with a cut or a penalty.
+    pub fn device_draw(&self, counter: u64) -> Option<RowDraw> {
+        let p = &self.params;
+        let plain = p.top_k == 0 && p.top_p >= 1.0 && p.min_p <= 0.0;
+        (p.temperature > 0.0 && plain && p.repetition_penalty == 1.0).then(|| RowDraw {
+            inv_temperature: 1.0 / p.temperature,
+            key: p.seed,
+            counter,
+        })
+    }
+
     /// Picks the next token from `logits` (one per vocabulary entry), given
     /// the tokens seen so far (for the repetition penalty).
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
@@ -71,27 +89,24 @@ impl Sampler {
         if p.temperature <= 0.0 {
             return argmax(&logits);
         }
-        // candidates sorted by logit, most likely first (the first among
-        // equals first), the top_k most likely only
-        let cand = if p.top_k > 0 {
-            top_k(&logits, p.temperature, p.top_k)
+        // candidates most likely first (the first among equals first), as
+        // far as a cut needs them sorted: the top_k most likely, or those a
+        // min-p or top-p cut can keep, or every one in vocabulary order
+        // where nothing is cut
+        let (cand, mut probs) = if p.top_k > 0 {
+            let cand = top_k(&logits, p.temperature, p.top_k);
+            let probs = softmax_of(&cand);
+            (cand, probs)
         } else {
-            let mut all: Vec<(u32, f32)> = logits
-                .iter()
-                .enumerate()
-                .filter(|(_, l)| !l.is_nan())
-                .map(|(i, &l)| (i as u32, l / p.temperature))
-                .collect();
-            all.sort_by(|a, b| b.1.total_cmp(&a.1));
-            all
+            nucleus(&logits, p.temperature, p.min_p, p.top_p)
         };
         if cand.is_empty() {
             return 0;
         }
-        let max = cand[0].1;
-        let mut probs: Vec<f32> = cand.iter().map(|(_, l)| (l - max).exp()).collect();
-        let sum: f32 = probs.iter().sum();
-        probs.iter_mut().for_each(|q| *q /= sum);
+        if p.top_k > 0 {
+            let sum: f32 = probs.iter().sum();
+            probs.iter_mut().for_each(|q| *q /= sum);
+        }
         let mut keep = probs.len();
         if p.min_p > 0.0 {
             let floor = probs[0] * p.min_p;
@@ -119,6 +134,59 @@ impl Sampler {
         }
         cand[keep - 1].0
     }
+}
+
+/// `exp(l - max)` of candidates sorted most likely first.
+fn softmax_of(cand: &[(u32, f32)]) -> Vec<f32> {
+    let max = cand.first().map_or(0.0, |c| c.1);
+    cand.iter().map(|(_, l)| (l - max).exp()).collect()
+}
+
+/// The candidates of `logits / t` (NaN left out) that a min-p floor and a
+/// top-p cut can keep, most likely first (the first among equals first),
+/// and their probabilities over every candidate; with neither cut, every
+/// candidate in vocabulary order. Only the entries above a threshold are
+/// sorted, the threshold lowered until they hold `top_p` of the
+/// probability: the same prefix a sort of the whole vocabulary gives,
+/// without sorting Llama 3's 128,256 logits for every token.
+fn nucleus(logits: &[f32], t: f32, min_p: f32, top_p: f32) -> (Vec<(u32, f32)>, Vec<f32>) {
+    let all: Vec<(u32, f32)> = logits
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| !l.is_nan())
+        .map(|(i, &l)| (i as u32, l / t))
+        .collect();
+    let Some(max) = all.iter().map(|c| c.1).reduce(f32::max) else {
+        return (Vec::new(), Vec::new());
+    };
+    let sum: f32 = all.iter().map(|(_, l)| (l - max).exp()).sum();
+    let prob = |l: f32| (l - max).exp() / sum;
+    if min_p <= 0.0 && top_p >= 1.0 {
+        let probs = all.iter().map(|c| prob(c.1)).collect();
+        return (all, probs);
+    }
+    // the most likely candidate's probability is 1 / sum
+    let floor = if min_p > 0.0 { min_p / sum } else { 0.0 };
+    let mut threshold = if top_p < 1.0 {
+        (1e-2 / sum).max(floor)
+    } else {
+        floor
+    };
+    loop {
+        let held: f32 = all
+            .iter()
+            .map(|c| prob(c.1))
+            .filter(|&q| q >= threshold)
+            .sum();
+        if top_p >= 1.0 || held >= top_p || threshold <= floor || threshold < f32::MIN_POSITIVE {
+            break;
+        }
+        threshold = (threshold / 64.0).max(floor);
+    }
+    let mut cand: Vec<(u32, f32)> = all.into_iter().filter(|c| prob(c.1) >= threshold).collect();
+    cand.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let probs = cand.iter().map(|c| prob(c.1)).collect();
+    (cand, probs)
 }
 
 /// The `k` largest of `logits / t` (NaN left out) with their indices, the
@@ -244,5 +312,91 @@ mod tests {
             ..params(1.0)
         };
         assert!(draw(mp).iter().all(|&t| t == order[0]));
+    }
+
+    /// The cuts of a sort of every candidate (the first among equals
+    /// first), for `nucleus` to agree with: the kept ids, most likely
+    /// first.
+    fn kept_by_full_sort(logits: &[f32], t: f32, min_p: f32, top_p: f32) -> Vec<u32> {
+        let mut all: Vec<(u32, f32)> = (0..logits.len() as u32)
+            .map(|i| (i, logits[i as usize] / t))
+            .collect();
+        all.sort_by(|a, b| b.1.total_cmp(&a.1));
+        let e: Vec<f64> = all
+            .iter()
+            .map(|c| f64::from(c.1 - all[0].1).exp())
+            .collect();
+        let sum: f64 = e.iter().sum();
+        let mut keep = all.len();
+        if min_p > 0.0 {
+            keep = e
+                .iter()
+                .take_while(|&&q| q >= f64::from(min_p))
+                .count()
+                .max(1);
+        }
+        if top_p < 1.0 {
+            let mut acc = 0.0;
+            keep = e[..keep]
+                .iter()
+                .take_while(|&&q| {
+                    let before = acc;
+                    acc += q / sum;
+                    before < f64::from(top_p)
+                })
+                .count()
+                .max(1);
+        }
+        all[..keep].iter().map(|c| c.0).collect()
+    }
+
+    #[test]
+    fn the_nucleus_is_the_prefix_a_full_sort_gives() {
+        use rand::Rng;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        for case in 0..300 {
+            let v = [10usize, 1000, 50_000][case % 3];
+            let spread = [0.5f32, 3.0, 12.0][case / 3 % 3];
+            let mut logits: Vec<f32> = (0..v).map(|_| rng.random::<f32>() * spread).collect();
+            if case % 7 == 0 {
+                // a spike over a long flat tail: top-p reaches far below
+                // the spike's probability
+                logits.iter_mut().for_each(|l| *l *= 0.01);
+                logits[v / 2] = 10.0;
+            }
+            let t = [0.5f32, 1.0, 1.5][case % 5 % 3];
+            let (min_p, top_p) = [(0.0, 0.9), (0.05, 1.0), (0.02, 0.95), (0.0, 0.5)][case % 4];
+            let (cand, probs) = nucleus(&logits, t, min_p, top_p);
+            // what the sampler keeps of them
+            let mut keep = cand.len();
+            if min_p > 0.0 {
+                let floor = probs[0] * min_p;
+                keep = probs.iter().take_while(|&&q| q >= floor).count().max(1);
+            }
+            if top_p < 1.0 {
+                let mut acc = 0.0;
+                keep = probs[..keep]
+                    .iter()
+                    .take_while(|&&q| {
+                        let before = acc;
+                        acc += q;
+                        before < top_p
+                    })
+                    .count()
+                    .max(1);
+            }
+            let got: Vec<u32> = cand[..keep].iter().map(|c| c.0).collect();
+            let want = kept_by_full_sort(&logits, t, min_p, top_p);
+            // one is a prefix of the other; f32 against f64 sums may move
+            // the cut at a flat edge by a few of thousands
+            let common = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
+            let (short, long) = (got.len().min(want.len()), got.len().max(want.len()));
+            assert!(
+                common == short && long - short <= 1 + long / 1000,
+                "case {case} (v {v}, t {t}, min_p {min_p}, top_p {top_p}): {} kept, {} by a full sort, {common} in common",
+                got.len(),
+                want.len()
+            );
+        }
     }
 }

@@ -14,11 +14,15 @@
 //! fixed system prompt); a prompt that shares nothing takes the slot freed
 //! longest ago. `--no-prompt-cache` turns this off.
 //!
-//! On a GPU, while every sequence that gets a token from a step picks it
-//! greedily, the next step is queued on the step's argmax before its tokens
-//! are read back (`Llama::forward_pooled_picked`), so the GPU works while
-//! the host reads, detokenizes and sends; a sequence that ends on such a
-//! token has its row of the next step dropped.
+//! Tokens are picked on the device where they can be: greedily, or drawn
+//! at a temperature with nothing else (`sampling::draw_rows`, seeded by
+//! the request's seed and the token's index). On a GPU, while every
+//! sequence that gets a token from a step picks it there, the next step is
+//! queued on the step's picks before they are read back
+//! (`Llama::forward_pooled_picked`), so the GPU works while the host reads,
+//! detokenizes and sends; a sequence that ends on such a token has its row
+//! of the next step dropped. A sequence with top-k, top-p, min-p or a
+//! repetition penalty has its logits read and picks on the host.
 
 use std::cell::{Cell, RefCell};
 use std::cmp::Reverse;
@@ -31,7 +35,7 @@ use std::time::Instant;
 
 use silica::{PendingRead, Tensor};
 use silica_models::llama::{KvPool, Llama, PickedStep, PoolStep};
-use silica_models::sampling::{Sampler, SamplingParams};
+use silica_models::sampling::{RowDraw, Sampler, SamplingParams, draw_rows};
 use silica_models::tokenizer::{TokenStream, Tokenizer};
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -123,6 +127,18 @@ impl Engine {
         if let Err(e) = model.warm_up_pooled(&mut pool) {
             eprintln!("silica serve: the warm-up step failed ({e}); serving anyway");
         }
+        // and the kernel of the draws at a temperature
+        let draw = RowDraw {
+            inv_temperature: 1.0,
+            key: 0,
+            counter: 0,
+        };
+        let drawn = Tensor::zeros(&[1, 2], silica::DType::F32, model.device())
+            .and_then(|l| draw_rows(&l, &[draw]))
+            .and_then(|t| t.to_vec::<u32>());
+        if let Err(e) = drawn {
+            eprintln!("silica serve: the warm-up draw failed ({e}); serving anyway");
+        }
         let (tx, rx) = mpsc::channel();
         let queued = Arc::new(AtomicUsize::new(0));
         let active = Arc::new(AtomicUsize::new(0));
@@ -208,6 +224,9 @@ struct Seq<'a> {
     history: Vec<u32>,
     /// Prompt tokens whose positions the slot kept from its last sequence.
     cached: usize,
+    /// Steps queued that pick a token for it (the counter of its next
+    /// draw on the device).
+    drawn: u64,
     generated: usize,
     stream: TokenStream<'a>,
     /// All generated text, and how much of it was sent.
@@ -246,7 +265,7 @@ struct Feed {
     slot: usize,
     /// Tokens from the host; empty when the token is `picked`.
     ids: Vec<u32>,
-    /// The token is row `picked` of the previous step's argmax, still on
+    /// The token is row `picked` of the previous step's picks, still on
     /// the device.
     picked: Option<usize>,
     /// Its logits row gives a token (the prompt is all in).
@@ -258,11 +277,12 @@ struct Feed {
 /// `forward_pooled_picked` orders them).
 struct Queued {
     feeds: Vec<Feed>,
-    /// Each row's argmax, the next step's picked tokens.
-    argmax: Tensor,
-    /// The argmax on its way back, submitted with the step so that a step
+    /// Each row's token picked on the device (argmax or drawn), the next
+    /// step's picked tokens.
+    picks: Tensor,
+    /// The picks on their way back, submitted with the step so that a step
     /// queued after it does not delay it.
-    argmax_read: PendingRead,
+    picks_read: PendingRead,
     /// The whole logits on their way back, where a row samples.
     logits_read: Option<PendingRead>,
     started: Instant,
@@ -391,6 +411,7 @@ impl<'a> Runner<'a> {
             slot,
             sampler,
             cached,
+            drawn: 0,
             fed: cached,
             next: None,
             generated: 0,
@@ -434,10 +455,12 @@ impl<'a> Runner<'a> {
             }
         };
         if let Some(q) = &queued {
-            for f in q.feeds.iter().filter(|f| f.picked.is_none()) {
-                if let Some(s) = seqs.iter_mut().find(|s| s.id == f.seq)
-                    && s.next.take().is_none()
-                {
+            for f in &q.feeds {
+                let Some(s) = seqs.iter_mut().find(|s| s.id == f.seq) else {
+                    continue;
+                };
+                s.drawn += u64::from(f.emits);
+                if f.picked.is_none() && s.next.take().is_none() {
                     s.fed += f.ids.len();
                 }
             }
@@ -451,14 +474,14 @@ impl<'a> Runner<'a> {
     }
 
     /// Whether every sequence that gets a token from `p` picks it
-    /// greedily, so that the next step can be queued on `p`'s argmax (on
+    /// on the device, so that the next step can be queued on `p`'s picks (on
     /// a GPU, where the queue runs ahead of the host).
     fn can_queue_ahead(&self, seqs: &[Seq<'a>], p: &Queued) -> bool {
         self.model.device().is_gpu()
             && p.feeds
                 .iter()
                 .filter(|f| f.emits)
-                .all(|f| greedy(seqs, f.seq))
+                .all(|f| on_device(seqs, f.seq))
     }
 
     /// What each sequence feeds the next step. With `pending` (queued
@@ -505,8 +528,8 @@ impl<'a> Runner<'a> {
         host
     }
 
-    /// Queues a step of `feeds` (picked tokens from `pending`'s argmax):
-    /// its logits and their argmax stay on the device.
+    /// Queues a step of `feeds` (picked tokens from `pending`'s picks):
+    /// its logits and their picks stay on the device.
     fn queue(
         &self,
         seqs: &[Seq<'a>],
@@ -530,32 +553,33 @@ impl<'a> Runner<'a> {
             &mut self.pool.borrow_mut(),
             &steps,
             &picked,
-            pending.map(|p| &p.argmax),
+            pending.map(|p| &p.picks),
         )?;
-        let argmax = logits.argmax(-1, false)?;
-        let samples = feeds.iter().any(|f| f.emits && !greedy(seqs, f.seq));
+        let draws: Vec<RowDraw> = feeds.iter().map(|f| row_draw(seqs, f)).collect();
+        let picks = draw_rows(&logits, &draws)?;
+        let samples = feeds.iter().any(|f| f.emits && !on_device(seqs, f.seq));
         let logits_read = if samples {
             Some(logits.read_later()?)
         } else {
             None
         };
-        let argmax_read = argmax.read_later()?;
+        let picks_read = picks.read_later()?;
         Ok(Queued {
             feeds,
-            argmax,
-            argmax_read,
+            picks,
+            picks_read,
             logits_read,
             started,
         })
     }
 
     /// Reads `q`'s tokens back and hands each sequence its own; `next` is
-    /// the step queued after it (a sequence fed there from `q`'s argmax
+    /// the step queued after it (a sequence fed there from `q`'s picks
     /// already has its token in flight).
     fn read(&self, seqs: &mut [Seq<'a>], q: Queued, next: &[Feed]) {
-        let greedy: Vec<bool> = q.feeds.iter().map(|f| greedy(seqs, f.seq)).collect();
+        let device: Vec<bool> = q.feeds.iter().map(|f| on_device(seqs, f.seq)).collect();
         let (feeds, started) = (q.feeds, q.started);
-        let logits = match Logits::read(q.argmax_read, q.logits_read, &greedy) {
+        let logits = match Logits::read(q.picks_read, q.logits_read, &device) {
             Ok(l) => l,
             Err(e) => {
                 let e = silica_models::Error::from(e);
@@ -593,6 +617,7 @@ impl<'a> Runner<'a> {
             match alone {
                 Ok(q) => {
                     let f = &q.feeds[0];
+                    s.drawn += u64::from(f.emits);
                     if s.next.take().is_none() {
                         s.fed += f.ids.len();
                     }
@@ -719,12 +744,23 @@ impl<'a> Runner<'a> {
     }
 }
 
-/// Whether sequence `id` picks its tokens greedily (true of one that is
-/// gone: its row is dropped whatever it holds).
-fn greedy(seqs: &[Seq<'_>], id: u64) -> bool {
+/// Whether sequence `id` picks its tokens on the device, greedily or by
+/// [`draw_rows`] (true of one that is gone: its row is dropped whatever it
+/// holds).
+fn on_device(seqs: &[Seq<'_>], id: u64) -> bool {
     seqs.iter()
         .find(|s| s.id == id)
-        .is_none_or(|s| s.sampler.is_argmax())
+        .is_none_or(|s| s.sampler.is_argmax() || s.sampler.device_draw(0).is_some())
+}
+
+/// How row `f` of a step picks its token on the device: drawn for a
+/// sequence whose sampler allows it (its `drawn`-th draw), else the argmax.
+fn row_draw(seqs: &[Seq<'_>], f: &Feed) -> RowDraw {
+    let s = seqs.iter().find(|s| s.id == f.seq);
+    match s {
+        Some(s) if f.emits => s.sampler.device_draw(s.drawn).unwrap_or(RowDraw::argmax()),
+        _ => RowDraw::argmax(),
+    }
 }
 
 fn fail(job: &Job, e: &silica_models::Error) {
@@ -741,39 +777,39 @@ fn floor_char(s: &str, mut i: usize) -> usize {
     i
 }
 
-/// A step's logits on the host: each row's argmax, and the full rows of
-/// the sequences that sample.
+/// A step's picks on the host: each row's token picked on the device, and
+/// the full logits rows of the sequences that pick on the host.
 struct Logits {
-    argmax: Vec<u32>,
+    picks: Vec<u32>,
     rows: Vec<Option<Vec<f32>>>,
 }
 
 impl Logits {
     fn read(
-        argmax: PendingRead,
+        picks: PendingRead,
         logits: Option<PendingRead>,
-        greedy: &[bool],
+        on_device: &[bool],
     ) -> silica::Result<Logits> {
-        let argmax: Vec<u32> = argmax.to_vec()?;
+        let picks: Vec<u32> = picks.to_vec()?;
         let rows = match logits {
-            Some(logits) if !greedy.iter().all(|&g| g) => {
+            Some(logits) if !on_device.iter().all(|&g| g) => {
                 let all: Vec<f32> = logits.to_vec()?;
-                let vocab = all.len() / greedy.len().max(1);
-                greedy
+                let vocab = all.len() / on_device.len().max(1);
+                on_device
                     .iter()
                     .enumerate()
                     .map(|(r, &g)| (!g).then(|| all[r * vocab..(r + 1) * vocab].to_vec()))
                     .collect()
             }
-            _ => vec![None; greedy.len()],
+            _ => vec![None; on_device.len()],
         };
-        Ok(Logits { argmax, rows })
+        Ok(Logits { picks, rows })
     }
 
     fn pick(&self, row: usize, sampler: &mut Sampler, history: &[u32]) -> u32 {
         match &self.rows[row] {
             Some(l) => sampler.sample(l, history),
-            None => self.argmax[row],
+            None => self.picks[row],
         }
     }
 }
