@@ -150,42 +150,43 @@ fn softmax_of(cand: &[(u32, f32)]) -> Vec<f32> {
 /// probability: the same prefix a sort of the whole vocabulary gives,
 /// without sorting Llama 3's 128,256 logits for every token.
 fn nucleus(logits: &[f32], t: f32, min_p: f32, top_p: f32) -> (Vec<(u32, f32)>, Vec<f32>) {
-    let all: Vec<(u32, f32)> = logits
+    let max = logits
         .iter()
-        .enumerate()
-        .filter(|(_, l)| !l.is_nan())
-        .map(|(i, &l)| (i as u32, l / t))
-        .collect();
-    let Some(max) = all.iter().map(|c| c.1).reduce(f32::max) else {
+        .filter(|l| !l.is_nan())
+        .map(|&l| l / t)
+        .reduce(f32::max);
+    let Some(max) = max else {
         return (Vec::new(), Vec::new());
     };
-    let sum: f32 = all.iter().map(|(_, l)| (l - max).exp()).sum();
-    let prob = |l: f32| (l - max).exp() / sum;
+    // exp(l / t - max), 0 for NaN (left out below)
+    let e: Vec<f32> = logits
+        .iter()
+        .map(|&l| if l.is_nan() { 0.0 } else { (l / t - max).exp() })
+        .collect();
+    let sum: f32 = e.iter().sum();
+    let is_cand = |i: usize| !logits[i].is_nan();
     if min_p <= 0.0 && top_p >= 1.0 {
-        let probs = all.iter().map(|c| prob(c.1)).collect();
-        return (all, probs);
+        let ids = (0..logits.len()).filter(|&i| is_cand(i));
+        let cand: Vec<(u32, f32)> = ids.map(|i| (i as u32, logits[i] / t)).collect();
+        let probs = cand.iter().map(|c| e[c.0 as usize] / sum).collect();
+        return (cand, probs);
     }
-    // the most likely candidate's probability is 1 / sum
-    let floor = if min_p > 0.0 { min_p / sum } else { 0.0 };
-    let mut threshold = if top_p < 1.0 {
-        (1e-2 / sum).max(floor)
-    } else {
-        floor
-    };
+    // thresholds on e: the most likely candidate's e is 1
+    let floor = min_p.max(0.0);
+    let mut threshold = if top_p < 1.0 { floor.max(1e-2) } else { floor };
     loop {
-        let held: f32 = all
-            .iter()
-            .map(|c| prob(c.1))
-            .filter(|&q| q >= threshold)
-            .sum();
+        let held: f32 = e.iter().filter(|&&q| q >= threshold).sum::<f32>() / sum;
         if top_p >= 1.0 || held >= top_p || threshold <= floor || threshold < f32::MIN_POSITIVE {
             break;
         }
         threshold = (threshold / 64.0).max(floor);
     }
-    let mut cand: Vec<(u32, f32)> = all.into_iter().filter(|c| prob(c.1) >= threshold).collect();
+    let mut cand: Vec<(u32, f32)> = (0..logits.len())
+        .filter(|&i| is_cand(i) && e[i] >= threshold)
+        .map(|i| (i as u32, logits[i] / t))
+        .collect();
     cand.sort_by(|a, b| b.1.total_cmp(&a.1));
-    let probs = cand.iter().map(|c| prob(c.1)).collect();
+    let probs = cand.iter().map(|c| e[c.0 as usize] / sum).collect();
     (cand, probs)
 }
 
