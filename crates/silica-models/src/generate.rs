@@ -5,7 +5,7 @@ use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
 use crate::llama::Llama;
-use crate::sampling::Sampler;
+use crate::sampling::{RowDraw, Sampler, draw_rows};
 use crate::tokenizer::{TokenStream, Tokenizer};
 use crate::{Error, Result};
 
@@ -52,20 +52,29 @@ pub fn check_prompt(tokens: usize, context: usize) -> Result<()> {
 }
 
 /// The next token, picked from logits `[1, vocab]` (f32, on the model's
-/// device). For plain greedy decoding the argmax runs on the device, so
-/// that 4 bytes come back instead of the vocabulary's logits, and the
-/// token stays there too: the next step can be queued on it before it is
-/// read.
+/// device). For plain greedy decoding the argmax runs on the device, and
+/// so does a draw at a temperature with no other setting
+/// ([`crate::sampling::draw_rows`]), so that 4 bytes come back instead of
+/// the vocabulary's logits, and the token stays there too: the next step
+/// can be queued on it before it is read.
 enum Pick {
     Ready(u32),
-    /// the argmax `[1]` on the device, and its read-back under way
+    /// the token `[1]` on the device, and its read-back under way
     Device(silica::Tensor, Box<silica::PendingRead>),
 }
 
 impl Pick {
-    fn new(sampler: &mut Sampler, logits: &silica::Tensor, history: &[u32]) -> Result<Pick> {
-        if sampler.is_argmax() {
-            let id = logits.argmax(-1, false)?.reshape(&[1])?;
+    /// The pick of the `counter`-th generated token (0 for the first).
+    fn new(
+        sampler: &mut Sampler,
+        logits: &silica::Tensor,
+        history: &[u32],
+        counter: usize,
+    ) -> Result<Pick> {
+        let draw = sampler.device_draw(counter as u64);
+        if sampler.is_argmax() || draw.is_some() {
+            let row = draw.unwrap_or(RowDraw::argmax());
+            let id = draw_rows(logits, &[row])?.reshape(&[1])?;
             let read = id.read_later()?;
             return Ok(Pick::Device(id, Box::new(read)));
         }
@@ -125,7 +134,7 @@ pub fn generate(
         let builder = build.then(|| s.spawn(|| model.build_decode_kernels(prompt.len())));
         let logits = model.forward(prompt, &mut cache, true)?;
         stats.prefill_record_time = t0.elapsed();
-        let pick = Pick::new(sampler, &logits, &history);
+        let pick = Pick::new(sampler, &logits, &history, 0);
         if let Some(Ok(Err(e))) = builder.map(|b| b.join()) {
             // the first step builds whatever is missing
             tracing::debug!("building the decode kernels ahead failed: {e}");
@@ -150,8 +159,13 @@ pub fn generate(
                     && cache.len() < context =>
             {
                 let logits = model.forward_ids(id, &mut cache, true)?;
-                // a device pick is an argmax, which needs no history
-                Some(Pick::new(sampler, &logits, &history)?)
+                // a device pick needs no history
+                Some(Pick::new(
+                    sampler,
+                    &logits,
+                    &history,
+                    stats.generated_tokens + 1,
+                )?)
             }
             _ => None,
         };
@@ -196,7 +210,7 @@ pub fn generate(
             Some(pick) => pick,
             None => {
                 let logits = model.forward(&[next], &mut cache, true)?;
-                Pick::new(sampler, &logits, &history)?
+                Pick::new(sampler, &logits, &history, stats.generated_tokens)?
             }
         };
     }

@@ -52,3 +52,50 @@ fn every_device_draws_the_cpu_tokens() {
     let f16 = logits.to_dtype(DType::F16).unwrap();
     assert!(draw_rows(&f16, &draws).is_err());
 }
+
+/// `generate` with a temperature alone draws its tokens on the device:
+/// the same seed gives the same tokens, the draws are those of
+/// `draw_rows` over each step's logits with the token's index as counter
+/// (the steps queued ahead on a GPU included), and another seed draws
+/// others.
+#[test]
+fn generation_at_a_temperature_draws_on_the_device() {
+    use silica_models::generate::generate;
+    use silica_models::sampling::{Sampler, SamplingParams};
+    let file = tiny_llama::TinyModelFile::write_quantized("draw", &tiny_llama::Tiny::quantized());
+    let gguf = silica_models::gguf::GgufFile::open(&file.path).unwrap();
+    let tok = silica_models::tokenizer::Tokenizer::from_gguf(&gguf).unwrap();
+    // (the tiny model's logits are far apart: a high temperature makes the
+    // draws vary)
+    let params = |seed| SamplingParams {
+        temperature: 40.0,
+        seed,
+        ..SamplingParams::greedy()
+    };
+    let prompt = tok.encode("a b c d", true).unwrap();
+    for dev in tiny_llama::devices() {
+        let model = silica_models::llama::Llama::load(&gguf, &dev, DType::F32).unwrap();
+        let run = |seed| {
+            let mut sampler = Sampler::new(params(seed));
+            assert!(sampler.device_draw(0).is_some());
+            generate(&model, &tok, &prompt, &mut sampler, 12, &[], |_| {
+                std::ops::ControlFlow::Continue(())
+            })
+            .unwrap()
+            .tokens
+        };
+        let a = run(5);
+        assert_eq!(a.len(), 12, "{dev:?}");
+        assert_eq!(a, run(5), "{dev:?}: the same seed");
+        assert_ne!(a, run(6), "{dev:?}: another seed");
+        // replayed one step at a time
+        let mut cache = model.new_cache();
+        let mut logits = model.forward(&prompt, &mut cache, true).unwrap();
+        for (k, &t) in a.iter().enumerate() {
+            let draw = Sampler::new(params(5)).device_draw(k as u64).unwrap();
+            let got: Vec<u32> = draw_rows(&logits, &[draw]).unwrap().to_vec().unwrap();
+            assert_eq!(got[0], t, "{dev:?}: token {k}");
+            logits = model.forward(&[t], &mut cache, true).unwrap();
+        }
+    }
+}
