@@ -99,3 +99,39 @@ fn generation_at_a_temperature_draws_on_the_device() {
         }
     }
 }
+
+/// The draw's kernel parses, validates and translates to MSL (Metal) and
+/// SPIR-V, as the library's own kernels do.
+#[test]
+fn the_draw_kernel_translates_to_msl_and_spirv() {
+    use naga::back::{msl, spv};
+    use naga::valid::{Capabilities, ValidationFlags, Validator};
+    let source = include_str!("../src/sampling/gumbel.wgsl");
+    let module = naga::front::wgsl::parse_str(source)
+        .unwrap_or_else(|e| panic!("{}", e.emit_to_string(source)));
+    let info = Validator::new(ValidationFlags::all(), Capabilities::all())
+        .validate(&module)
+        .unwrap_or_else(|e| panic!("{}", e.emit_to_string(source)));
+    let msl_options = msl::Options {
+        lang_version: (2, 4),
+        ..Default::default()
+    };
+    let msl_pipeline = msl::PipelineOptions {
+        entry_point: Some((naga::ShaderStage::Compute, "main".into())),
+        ..Default::default()
+    };
+    let (src, _) = msl::write_string(&module, &info, &msl_options, &msl_pipeline).unwrap();
+    assert!(src.contains("kernel void"), "{src}");
+    let spv_pipeline = spv::PipelineOptions {
+        shader_stage: naga::ShaderStage::Compute,
+        entry_point: "main".into(),
+    };
+    let words = spv::write_vec(
+        &module,
+        &info,
+        &spv::Options::default(),
+        Some(&spv_pipeline),
+    )
+    .unwrap();
+    assert_eq!(words[0], 0x0723_0203);
+}
