@@ -84,11 +84,17 @@ fn mix(mut x: u32) -> u32 {
     x ^ (x >> 16)
 }
 
-/// The uniform variate in (0, 1) of entry `i` of a row: 24 bits of a hash
-/// of the key, the counter and `i`, centred in their interval.
+/// The uniform variate in (0, 1) of entry `i` of a row: from a hash of the
+/// key, the counter and `i`.
 fn uniform(key_lo: u32, key_hi: u32, counter: u32, i: u32) -> f32 {
-    let h = mix(i ^ mix(counter ^ mix(key_lo ^ mix(key_hi))));
-    ((h >> 8) as f32 + 0.5) / 16_777_216.0
+    unit(mix(i ^ mix(counter ^ mix(key_lo ^ mix(key_hi)))))
+}
+
+/// 23 bits of `h`, centred in their interval: every value and the sum
+/// with 0.5 are exact in f32, so the largest is 1 - 2^-24, never 1 (24
+/// bits would round the largest to 1, whose Gumbel variate is infinite).
+fn unit(h: u32) -> f32 {
+    ((h >> 9) as f32 + 0.5) / 8_388_608.0
 }
 
 impl CustomOp for GumbelLogits {
@@ -166,6 +172,12 @@ mod tests {
         assert_ne!(a, b);
         let mean = a.iter().sum::<f32>() / a.len() as f32;
         assert!((mean - 0.5).abs() < 0.03, "{mean}");
+        // the ends: finite Gumbel variates
+        for h in [0, 511, 512, u32::MAX - 511, u32::MAX] {
+            let u = unit(h);
+            assert!(u > 0.0 && u < 1.0, "{h}: {u}");
+            assert!((-(-u.ln()).ln()).is_finite(), "{h}: {u}");
+        }
     }
 
     /// Rows of the same four logits, each its own counter: the tokens drawn

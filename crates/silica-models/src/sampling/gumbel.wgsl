@@ -39,6 +39,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         return;
     }
     let h = mix(i ^ mix(w.z ^ mix(w.x ^ mix(w.y))));
-    let u = (f32(h >> 8u) + 0.5) / 16777216.0;
+    // 23 bits: exact in f32, so u < 1 (sampling/device.rs, `unit`)
+    let u = (f32(h >> 9u) + 0.5) / 8388608.0;
     out[at] = l * inv_t - log(-log(u));
 }
