@@ -71,7 +71,7 @@ impl Pick {
         history: &[u32],
         counter: usize,
     ) -> Result<Pick> {
-        let draw = sampler.device_draw(counter as u64);
+        let draw = sampler.device_draw_on(counter as u64, logits.device());
         if sampler.is_argmax() || draw.is_some() {
             let row = draw.unwrap_or(RowDraw::argmax());
             let id = draw_rows(logits, &[row])?.reshape(&[1])?;

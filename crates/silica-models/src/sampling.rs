@@ -5,7 +5,7 @@
 use rand::{Rng, SeedableRng};
 
 mod device;
-pub use device::{RowDraw, draw_rows};
+pub use device::{RowDraw, draw_rows, row_cuts};
 
 /// How to pick tokens. `temperature == 0` is greedy (the other settings
 /// then only matter through the repetition penalty).
@@ -55,18 +55,27 @@ impl Sampler {
         self.params.temperature <= 0.0 && self.params.repetition_penalty == 1.0
     }
 
-    /// The draw of [`draw_rows`] where it gives this sampler's
-    /// distribution (a temperature and nothing else: no top-k, top-p,
-    /// min-p or repetition penalty), for its `counter`-th token: the pick
-    /// then needs no logits on the host. `None` for greedy samplers and
-    /// those with a cut or a penalty.
+    /// The draw of [`draw_rows`] that gives this sampler's distribution
+    /// (a temperature, with or without top-k, top-p and min-p), for its
+    /// `counter`-th token: the pick then needs no logits on the host.
+    /// `None` for greedy samplers and those with a repetition penalty,
+    /// which needs the tokens seen.
+    /// [`Sampler::device_draw`] where it pays on `device`: on the CPU a cut
+    /// row is cheaper on the host (the kernels' bisections are for a GPU).
+    pub fn device_draw_on(&self, counter: u64, device: &silica::Device) -> Option<RowDraw> {
+        self.device_draw(counter)
+            .filter(|d| device.is_gpu() || !d.cuts())
+    }
+
     pub fn device_draw(&self, counter: u64) -> Option<RowDraw> {
         let p = &self.params;
-        let plain = p.top_k == 0 && p.top_p >= 1.0 && p.min_p <= 0.0;
-        (p.temperature > 0.0 && plain && p.repetition_penalty == 1.0).then(|| RowDraw {
+        (p.temperature > 0.0 && p.repetition_penalty == 1.0).then(|| RowDraw {
             inv_temperature: 1.0 / p.temperature,
             key: p.seed,
             counter,
+            top_k: u32::try_from(p.top_k).unwrap_or(u32::MAX),
+            top_p: p.top_p,
+            min_p: p.min_p,
         })
     }
 

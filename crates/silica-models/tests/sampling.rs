@@ -6,7 +6,7 @@
 mod tiny_llama;
 
 use silica::{DType, Tensor};
-use silica_models::sampling::{RowDraw, draw_rows};
+use silica_models::sampling::{RowDraw, draw_rows, row_cuts};
 
 #[test]
 fn every_device_draws_the_cpu_tokens() {
@@ -20,10 +20,26 @@ fn every_device_draws_the_cpu_tokens() {
             if r % 5 == 0 {
                 RowDraw::argmax()
             } else {
+                // every fourth row cut by top-k, top-p or min-p (or all)
+                let cut = [
+                    (0, 1.0, 0.0),
+                    (40, 1.0, 0.0),
+                    (0, 0.9, 0.0),
+                    (0, 1.0, 0.05),
+                    (50, 0.8, 0.02),
+                ];
+                let (top_k, top_p, min_p) = if r % 4 == 0 {
+                    cut[(r / 4 % 5) as usize]
+                } else {
+                    (0, 1.0, 0.0)
+                };
                 RowDraw {
                     inv_temperature: 1.0 / (0.3 + 0.1 * (r % 9) as f32),
                     key: 1000 + r / 3,
                     counter: r,
+                    top_k,
+                    top_p,
+                    min_p,
                 }
             }
         })
@@ -40,8 +56,36 @@ fn every_device_draws_the_cpu_tokens() {
         (0..rows).filter(|&r| want[r] != greedy[r]).count() > rows / 4,
         "{want:?} against {greedy:?}"
     );
+    // the cuts keep what they should on the CPU: top-k exactly k entries
+    let cuts: Vec<f32> = row_cuts(&logits, &draws).unwrap().to_vec().unwrap();
+    let l: Vec<f32> = logits.to_vec().unwrap();
+    let kept = |r: usize, cut: f32| {
+        let inv_t = draws[r].inv_temperature;
+        l[r * vocab..(r + 1) * vocab]
+            .iter()
+            .filter(|&&v| v * inv_t >= cut)
+            .count()
+    };
+    for (r, d) in draws.iter().enumerate() {
+        if d.top_k > 0 && d.top_p >= 1.0 && d.min_p <= 0.0 {
+            assert_eq!(kept(r, cuts[r]), d.top_k as usize, "row {r}");
+        }
+        if d.top_k == 0 && d.top_p >= 1.0 && d.min_p <= 0.0 {
+            assert_eq!(cuts[r], f32::NEG_INFINITY, "row {r}");
+        }
+    }
     for dev in tiny_llama::devices().into_iter().skip(1) {
         let l = logits.to_device(&dev).unwrap();
+        let got_cuts: Vec<f32> = row_cuts(&l, &draws).unwrap().to_vec().unwrap();
+        for r in 0..rows {
+            assert_eq!(
+                kept(r, got_cuts[r]),
+                kept(r, cuts[r]),
+                "{dev:?}: row {r} cut at {} against {}",
+                got_cuts[r],
+                cuts[r]
+            );
+        }
         let got: Vec<u32> = draw_rows(&l, &draws).unwrap().to_vec().unwrap();
         assert_eq!(got, want, "{dev:?}");
     }
@@ -100,38 +144,43 @@ fn generation_at_a_temperature_draws_on_the_device() {
     }
 }
 
-/// The draw's kernel parses, validates and translates to MSL (Metal) and
+/// The draw's kernels parse, validate and translate to MSL (Metal) and
 /// SPIR-V, as the library's own kernels do.
 #[test]
-fn the_draw_kernel_translates_to_msl_and_spirv() {
+fn the_draw_kernels_translate_to_msl_and_spirv() {
     use naga::back::{msl, spv};
     use naga::valid::{Capabilities, ValidationFlags, Validator};
-    let source = include_str!("../src/sampling/gumbel.wgsl");
-    let module = naga::front::wgsl::parse_str(source)
-        .unwrap_or_else(|e| panic!("{}", e.emit_to_string(source)));
-    let info = Validator::new(ValidationFlags::all(), Capabilities::all())
-        .validate(&module)
-        .unwrap_or_else(|e| panic!("{}", e.emit_to_string(source)));
-    let msl_options = msl::Options {
-        lang_version: (2, 4),
-        ..Default::default()
-    };
-    let msl_pipeline = msl::PipelineOptions {
-        entry_point: Some((naga::ShaderStage::Compute, "main".into())),
-        ..Default::default()
-    };
-    let (src, _) = msl::write_string(&module, &info, &msl_options, &msl_pipeline).unwrap();
-    assert!(src.contains("kernel void"), "{src}");
-    let spv_pipeline = spv::PipelineOptions {
-        shader_stage: naga::ShaderStage::Compute,
-        entry_point: "main".into(),
-    };
-    let words = spv::write_vec(
-        &module,
-        &info,
-        &spv::Options::default(),
-        Some(&spv_pipeline),
-    )
-    .unwrap();
-    assert_eq!(words[0], 0x0723_0203);
+    let sources = [
+        ("gumbel", include_str!("../src/sampling/gumbel.wgsl")),
+        ("row_cut", include_str!("../src/sampling/row_cut.wgsl")),
+    ];
+    for (name, source) in sources {
+        let module = naga::front::wgsl::parse_str(source)
+            .unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(source)));
+        let info = Validator::new(ValidationFlags::all(), Capabilities::all())
+            .validate(&module)
+            .unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(source)));
+        let msl_options = msl::Options {
+            lang_version: (2, 4),
+            ..Default::default()
+        };
+        let msl_pipeline = msl::PipelineOptions {
+            entry_point: Some((naga::ShaderStage::Compute, "main".into())),
+            ..Default::default()
+        };
+        let (src, _) = msl::write_string(&module, &info, &msl_options, &msl_pipeline).unwrap();
+        assert!(src.contains("kernel void"), "{name}: {src}");
+        let spv_pipeline = spv::PipelineOptions {
+            shader_stage: naga::ShaderStage::Compute,
+            entry_point: "main".into(),
+        };
+        let words = spv::write_vec(
+            &module,
+            &info,
+            &spv::Options::default(),
+            Some(&spv_pipeline),
+        )
+        .unwrap();
+        assert_eq!(words[0], 0x0723_0203, "{name}");
+    }
 }

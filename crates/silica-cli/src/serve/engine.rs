@@ -15,14 +15,15 @@
 //! longest ago. `--no-prompt-cache` turns this off.
 //!
 //! Tokens are picked on the device where they can be: greedily, or drawn
-//! at a temperature with nothing else (`sampling::draw_rows`, seeded by
-//! the request's seed and the token's index). On a GPU, while every
+//! at a temperature, with top-k, top-p and min-p cuts
+//! (`sampling::draw_rows`, seeded by the request's seed and the token's
+//! index). On a GPU, while every
 //! sequence that gets a token from a step picks it there, the next step is
 //! queued on the step's picks before they are read back
 //! (`Llama::forward_pooled_picked`), so the GPU works while the host reads,
 //! detokenizes and sends; a sequence that ends on such a token has its row
-//! of the next step dropped. A sequence with top-k, top-p, min-p or a
-//! repetition penalty has its logits read and picks on the host.
+//! of the next step dropped. A sequence with a repetition penalty has its
+//! logits read and picks on the host.
 
 use std::cell::{Cell, RefCell};
 use std::cmp::Reverse;
@@ -127,11 +128,11 @@ impl Engine {
         if let Err(e) = model.warm_up_pooled(&mut pool) {
             eprintln!("silica serve: the warm-up step failed ({e}); serving anyway");
         }
-        // and the kernel of the draws at a temperature
+        // and the kernels of the draws at a temperature, with a cut
         let draw = RowDraw {
             inv_temperature: 1.0,
-            key: 0,
-            counter: 0,
+            top_k: 1,
+            ..RowDraw::argmax()
         };
         let drawn = Tensor::zeros(&[1, 2], silica::DType::F32, model.device())
             .and_then(|l| draw_rows(&l, &[draw]))
@@ -481,7 +482,7 @@ impl<'a> Runner<'a> {
             && p.feeds
                 .iter()
                 .filter(|f| f.emits)
-                .all(|f| on_device(seqs, f.seq))
+                .all(|f| on_device(seqs, f.seq, self.model.device()))
     }
 
     /// What each sequence feeds the next step. With `pending` (queued
@@ -555,9 +556,15 @@ impl<'a> Runner<'a> {
             &picked,
             pending.map(|p| &p.picks),
         )?;
-        let draws: Vec<RowDraw> = feeds.iter().map(|f| row_draw(seqs, f)).collect();
+        let draws: Vec<RowDraw> = feeds
+            .iter()
+            .map(|f| row_draw(seqs, f, self.model.device()))
+            .collect();
         let picks = draw_rows(&logits, &draws)?;
-        let samples = feeds.iter().any(|f| f.emits && !on_device(seqs, f.seq));
+        let device = self.model.device();
+        let samples = feeds
+            .iter()
+            .any(|f| f.emits && !on_device(seqs, f.seq, device));
         let logits_read = if samples {
             Some(logits.read_later()?)
         } else {
@@ -577,7 +584,11 @@ impl<'a> Runner<'a> {
     /// the step queued after it (a sequence fed there from `q`'s picks
     /// already has its token in flight).
     fn read(&self, seqs: &mut [Seq<'a>], q: Queued, next: &[Feed]) {
-        let device: Vec<bool> = q.feeds.iter().map(|f| on_device(seqs, f.seq)).collect();
+        let device: Vec<bool> = q
+            .feeds
+            .iter()
+            .map(|f| on_device(seqs, f.seq, self.model.device()))
+            .collect();
         let (feeds, started) = (q.feeds, q.started);
         let logits = match Logits::read(q.picks_read, q.logits_read, &device) {
             Ok(l) => l,
@@ -747,18 +758,21 @@ impl<'a> Runner<'a> {
 /// Whether sequence `id` picks its tokens on the device, greedily or by
 /// [`draw_rows`] (true of one that is gone: its row is dropped whatever it
 /// holds).
-fn on_device(seqs: &[Seq<'_>], id: u64) -> bool {
+fn on_device(seqs: &[Seq<'_>], id: u64, device: &silica::Device) -> bool {
     seqs.iter()
         .find(|s| s.id == id)
-        .is_none_or(|s| s.sampler.is_argmax() || s.sampler.device_draw(0).is_some())
+        .is_none_or(|s| s.sampler.is_argmax() || s.sampler.device_draw_on(0, device).is_some())
 }
 
 /// How row `f` of a step picks its token on the device: drawn for a
 /// sequence whose sampler allows it (its `drawn`-th draw), else the argmax.
-fn row_draw(seqs: &[Seq<'_>], f: &Feed) -> RowDraw {
+fn row_draw(seqs: &[Seq<'_>], f: &Feed, device: &silica::Device) -> RowDraw {
     let s = seqs.iter().find(|s| s.id == f.seq);
     match s {
-        Some(s) if f.emits => s.sampler.device_draw(s.drawn).unwrap_or(RowDraw::argmax()),
+        Some(s) if f.emits => s
+            .sampler
+            .device_draw_on(s.drawn, device)
+            .unwrap_or(RowDraw::argmax()),
         _ => RowDraw::argmax(),
     }
 }

@@ -6,6 +6,15 @@
 //! drawn) and `i`, so a draw needs nothing from the host but those three
 //! numbers, and the next step can be queued on the picks before they are
 //! read back. A row with `inv_temperature` 0 takes its plain argmax.
+//!
+//! Top-k, top-p and min-p cut the row first, as the host sampler does (top-k
+//! first, then min-p against the most likely token and top-p over what
+//! top-k kept): each becomes a threshold on `l / T`, found by bisection
+//! over counts (top-k) and masses (top-p) of the entries above it, and the
+//! entries below the highest threshold take no part in the draw. Entries
+//! more than 80 below the row's largest `l / T` (a probability under
+//! e^-80 of the largest one's) are always left out of a cut row. Ties at a
+//! threshold are all kept.
 
 use silica::custom::{self, CustomOp, GpuCall, Tolerance, WgslKernel};
 use silica::{DType, Device, KernelNeeds, Result, Tensor};
@@ -19,6 +28,13 @@ pub struct RowDraw {
     pub key: u64,
     /// Which of the request's tokens this is (0 for the first).
     pub counter: u64,
+    /// Keep the `top_k` most likely entries (0: all).
+    pub top_k: u32,
+    /// Keep the most likely entries that hold `top_p` of the probability
+    /// (1: all).
+    pub top_p: f32,
+    /// Drop entries less likely than `min_p` times the most likely (0: none).
+    pub min_p: f32,
 }
 
 impl RowDraw {
@@ -28,7 +44,29 @@ impl RowDraw {
             inv_temperature: 0.0,
             key: 0,
             counter: 0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
         }
+    }
+
+    /// Whether the row is cut before the draw.
+    pub fn cuts(&self) -> bool {
+        self.top_k > 0 || self.top_p < 1.0 || self.min_p > 0.0
+    }
+
+    /// The row's words for the kernels.
+    fn words(&self) -> [u32; 8] {
+        [
+            self.key as u32,
+            (self.key >> 32) as u32,
+            self.counter as u32,
+            self.inv_temperature.to_bits(),
+            self.top_k,
+            self.top_p.to_bits(),
+            self.min_p.to_bits(),
+            0,
+        ]
     }
 }
 
@@ -49,25 +87,163 @@ pub fn draw_rows(logits: &Tensor, rows: &[RowDraw]) -> Result<Tensor> {
     if rows.iter().all(|r| r.inv_temperature == 0.0) {
         return logits.argmax(-1, false);
     }
-    let words: Vec<u32> = rows
-        .iter()
-        .flat_map(|r| {
-            [
-                r.key as u32,
-                (r.key >> 32) as u32,
-                r.counter as u32,
-                r.inv_temperature.to_bits(),
-            ]
-        })
-        .collect();
-    let params = Tensor::from_vec(words, &[rows.len(), 4], logits.device())?;
-    custom::apply(&GumbelLogits, &[logits, &params])?.argmax(-1, false)
+    let words: Vec<u32> = rows.iter().flat_map(RowDraw::words).collect();
+    let words = Tensor::from_vec(words, &[rows.len(), 8], logits.device())?;
+    let cuts = if rows.iter().any(RowDraw::cuts) {
+        custom::apply(&RowCuts, &[logits, &words])?
+    } else {
+        Tensor::from_vec(
+            vec![f32::NEG_INFINITY; rows.len()],
+            &[rows.len()],
+            logits.device(),
+        )?
+    };
+    custom::apply(&GumbelLogits, &[logits, &words, &cuts])?.argmax(-1, false)
 }
 
-/// `l * inv_temperature + g` for the rows that draw, `l` for the others:
-/// inputs the logits `[rows, vocab]` f32 and each row's words `[rows, 4]`
-/// u32 (key low, key high, counter, inv_temperature's bits).
+/// Each row's threshold on `l * inv_temperature` below which its entries
+/// take no part in the draw (`[rows]`, f32, -inf where nothing is cut), on
+/// `logits`' device: top-k, top-p and min-p as [`RowDraw`] sets them.
+pub fn row_cuts(logits: &Tensor, rows: &[RowDraw]) -> Result<Tensor> {
+    let words: Vec<u32> = rows.iter().flat_map(RowDraw::words).collect();
+    let words = Tensor::from_vec(words, &[rows.len(), 8], logits.device())?;
+    custom::apply(&RowCuts, &[logits, &words])
+}
+
+/// Bisection steps of a threshold: past about 30 the bounds are adjacent
+/// floats and the steps change nothing.
+const BISECTIONS: u32 = 40;
+
+/// How far below the largest `l / T` a cut row reaches at most.
+const REACH: f32 = 80.0;
+
+/// The CPU reference of `row_cut.wgsl`: the same steps in the same f32
+/// arithmetic (sums in another order).
+fn cut_of(row: &[f32], w: &[u32]) -> f32 {
+    let inv_t = f32::from_bits(w[3]);
+    let (top_k, top_p, min_p) = (w[4], f32::from_bits(w[5]), f32::from_bits(w[6]));
+    if inv_t == 0.0 || (top_k == 0 && top_p >= 1.0 && min_p <= 0.0) {
+        return f32::NEG_INFINITY;
+    }
+    let s = |l: f32| l * inv_t;
+    let valid = || row.iter().filter(|l| !l.is_nan()).map(|&l| s(l));
+    let Some(m) = valid().reduce(f32::max) else {
+        return f32::NEG_INFINITY;
+    };
+    let count = |t: f32| valid().filter(|&v| v >= t).count() as u32;
+    let mass = |t: f32| {
+        valid()
+            .filter(|&v| v >= t)
+            .map(|v| (v - m).exp())
+            .sum::<f32>()
+    };
+    let floor = m - REACH;
+    let mut cut = floor;
+    if top_k > 0 && count(floor) > top_k {
+        let (mut lo, mut hi) = (floor, m);
+        for _ in 0..BISECTIONS {
+            let mid = lo + (hi - lo) * 0.5;
+            if count(mid) >= top_k {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        cut = lo;
+    }
+    if top_p < 1.0 {
+        let target = top_p * mass(cut);
+        let (mut lo, mut hi) = (cut, m);
+        for _ in 0..BISECTIONS {
+            let mid = lo + (hi - lo) * 0.5;
+            if mass(mid) >= target {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        cut = lo;
+    }
+    if min_p > 0.0 {
+        cut = cut.max(m + min_p.ln());
+    }
+    cut
+}
+
+/// The thresholds of [`row_cuts`]: inputs the logits `[rows, vocab]` f32
+/// and each row's words `[rows, 8]` u32.
+struct RowCuts;
+
+static ROW_CUT: WgslKernel = WgslKernel {
+    name: "row_cut",
+    source: include_str!("row_cut.wgsl"),
+    needs: KernelNeeds::NOTHING,
+};
+
+impl CustomOp for RowCuts {
+    fn name(&self) -> &'static str {
+        "row_cut"
+    }
+
+    fn output(&self, inputs: &[&Tensor], _: &[&Tensor]) -> Result<(Vec<usize>, DType)> {
+        let rows = check_rows("row_cut", inputs[0], inputs[1])?;
+        Ok((vec![rows], DType::F32))
+    }
+
+    fn cpu(&self, inputs: &[&Tensor], _: &mut [&mut Tensor]) -> Result<Tensor> {
+        let vocab = inputs[0].shape()[1];
+        let l: Vec<f32> = inputs[0].to_vec()?;
+        let words: Vec<u32> = inputs[1].to_vec()?;
+        let cuts: Vec<f32> = words
+            .chunks(8)
+            .enumerate()
+            .map(|(r, w)| cut_of(&l[r * vocab..(r + 1) * vocab], w))
+            .collect();
+        Tensor::from_vec(cuts, &[inputs[1].shape()[0]], &Device::Cpu)
+    }
+
+    fn gpu(&self, call: &mut GpuCall<'_>) -> Result<bool> {
+        let [rows, vocab] = call.inputs()[0].shape() else {
+            return Ok(false);
+        };
+        let (rows, vocab) = (*rows, *vocab);
+        let groups = call.groups_for(rows * 256, 256)?;
+        let params = custom::params(&[rows as u32, vocab as u32, groups[0], BISECTIONS]);
+        call.dispatch(&ROW_CUT, &params, groups)?;
+        Ok(true)
+    }
+
+    fn tolerance(&self, dtype: DType, _: usize) -> Tolerance {
+        Tolerance::sums(dtype)
+    }
+}
+
+/// The rows of logits `[rows, vocab]` f32 against words `[rows, 8]` u32.
+fn check_rows(op: &'static str, logits: &Tensor, words: &Tensor) -> Result<usize> {
+    custom::expect_dtype(op, logits, DType::F32)?;
+    custom::expect_dtype(op, words, DType::U32)?;
+    let [rows, _] = logits.shape() else {
+        return Err(silica::Error::InvalidArgument {
+            op,
+            msg: format!("logits of shape {:?}, want [rows, vocab]", logits.shape()),
+        });
+    };
+    if words.shape() != [*rows, 8] {
+        return Err(silica::Error::InvalidArgument {
+            op,
+            msg: format!("row words of shape {:?}, want [{rows}, 8]", words.shape()),
+        });
+    }
+    Ok(*rows)
+}
+
+/// `l * inv_temperature + g` for the rows that draw (`CUT` below the row's
+/// cut), `l` for the others: inputs the logits `[rows, vocab]` f32, each
+/// row's words `[rows, 8]` u32 ([`RowDraw::words`]) and cuts `[rows]` f32.
 struct GumbelLogits;
+
+/// What a cut entry becomes: the lowest finite f32, below any draw.
+const CUT: f32 = f32::MIN;
 
 static GUMBEL: WgslKernel = WgslKernel {
     name: "gumbel_logits",
@@ -103,36 +279,36 @@ impl CustomOp for GumbelLogits {
     }
 
     fn output(&self, inputs: &[&Tensor], _: &[&Tensor]) -> Result<(Vec<usize>, DType)> {
-        let (logits, params) = (inputs[0], inputs[1]);
-        custom::expect_dtype(self.name(), logits, DType::F32)?;
-        custom::expect_dtype(self.name(), params, DType::U32)?;
-        let [rows, _] = logits.shape() else {
+        let rows = check_rows(self.name(), inputs[0], inputs[1])?;
+        custom::expect_dtype(self.name(), inputs[2], DType::F32)?;
+        if inputs[2].shape() != [rows] {
             return Err(silica::Error::InvalidArgument {
                 op: "gumbel_logits",
-                msg: format!("logits of shape {:?}, want [rows, vocab]", logits.shape()),
-            });
-        };
-        if params.shape() != [*rows, 4] {
-            return Err(silica::Error::InvalidArgument {
-                op: "gumbel_logits",
-                msg: format!("row words of shape {:?}, want [{rows}, 4]", params.shape()),
+                msg: format!("cuts of shape {:?}, want [{rows}]", inputs[2].shape()),
             });
         }
-        Ok((logits.shape().to_vec(), DType::F32))
+        Ok((inputs[0].shape().to_vec(), DType::F32))
     }
 
     fn cpu(&self, inputs: &[&Tensor], _: &mut [&mut Tensor]) -> Result<Tensor> {
         let vocab = inputs[0].shape()[1];
         let mut l: Vec<f32> = inputs[0].to_vec()?;
         let words: Vec<u32> = inputs[1].to_vec()?;
-        for (row, w) in l.chunks_mut(vocab.max(1)).zip(words.chunks(4)) {
+        let cuts: Vec<f32> = inputs[2].to_vec()?;
+        let rows = l.chunks_mut(vocab.max(1)).zip(words.chunks(8)).zip(cuts);
+        for ((row, w), cut) in rows {
             let inv_t = f32::from_bits(w[3]);
             if inv_t == 0.0 {
                 continue;
             }
             for (i, v) in row.iter_mut().enumerate() {
-                let u = uniform(w[0], w[1], w[2], i as u32);
-                *v = *v * inv_t - (-u.ln()).ln();
+                let s = *v * inv_t;
+                *v = if s >= cut {
+                    let u = uniform(w[0], w[1], w[2], i as u32);
+                    s - (-u.ln()).ln()
+                } else {
+                    CUT
+                };
             }
         }
         Tensor::from_vec(l, inputs[0].shape(), &Device::Cpu)
@@ -192,6 +368,7 @@ mod tests {
                 inv_temperature: 1.0 / t,
                 key: 42,
                 counter,
+                ..RowDraw::argmax()
             })
             .collect();
         let picks: Vec<u32> = draw_rows(&logits, &rows).unwrap().to_vec().unwrap();
@@ -211,5 +388,51 @@ mod tests {
         let greedy = vec![RowDraw::argmax(); n];
         let top: Vec<u32> = draw_rows(&logits, &greedy).unwrap().to_vec().unwrap();
         assert!(top.iter().all(|&p| p == 0));
+    }
+
+    /// With top-k, top-p and min-p, the draws come in the proportions the
+    /// host sampler gives: the kept tokens' tempered softmax, renormalized.
+    #[test]
+    fn cut_draws_follow_the_kept_softmax() {
+        let l = [2.0f32, 1.5, 1.0, 0.0, -1.0];
+        let t = 1.0f32;
+        let n = 20_000usize;
+        let p: Vec<f32> = {
+            let e: Vec<f32> = l.iter().map(|v| (v / t).exp()).collect();
+            let z: f32 = e.iter().sum();
+            e.iter().map(|v| v / z).collect()
+        };
+        // (top_k, top_p, min_p) and the tokens the host sampler keeps
+        let cases: [(u32, f32, f32, usize); 5] = [
+            (3, 1.0, 0.0, 3),
+            (0, 0.7, 0.0, 2), // p = 0.46, 0.28, 0.17, 0.06, 0.02
+            (0, 1.0, 0.3, 3), // p[2] / p[0] = 0.37, p[3] / p[0] = 0.14
+            (4, 0.5, 0.0, 2), // within the top 4: 0.47 < 0.5 <= 0.76
+            (0, 1e-6, 0.0, 1),
+        ];
+        let logits: Vec<f32> = l.iter().copied().cycle().take(5 * n).collect();
+        let logits = Tensor::from_vec(logits, &[n, 5], &Device::Cpu).unwrap();
+        for (top_k, top_p, min_p, kept) in cases {
+            let rows: Vec<RowDraw> = (0..n as u64)
+                .map(|counter| RowDraw {
+                    inv_temperature: 1.0 / t,
+                    key: 9,
+                    counter,
+                    top_k,
+                    top_p,
+                    min_p,
+                })
+                .collect();
+            let picks: Vec<u32> = draw_rows(&logits, &rows).unwrap().to_vec().unwrap();
+            let z: f32 = p[..kept].iter().sum();
+            for tok in 0..5 {
+                let want = if tok < kept { p[tok] / z } else { 0.0 };
+                let got = picks.iter().filter(|&&q| q as usize == tok).count() as f32 / n as f32;
+                assert!(
+                    (got - want).abs() < 0.012,
+                    "({top_k}, {top_p}, {min_p}) token {tok}: {got} drawn, {want} expected"
+                );
+            }
+        }
     }
 }
