@@ -53,8 +53,9 @@ pub fn check_prompt(tokens: usize, context: usize) -> Result<()> {
 
 /// The next token, picked from logits `[1, vocab]` (f32, on the model's
 /// device). For plain greedy decoding the argmax runs on the device, and
-/// so does a draw at a temperature with no other setting
-/// ([`crate::sampling::draw_rows`]), so that 4 bytes come back instead of
+/// so does a draw at a temperature without a repetition penalty
+/// ([`crate::sampling::Sampler::device_draw_on`],
+/// [`crate::sampling::draw_rows`]), so that 4 bytes come back instead of
 /// the vocabulary's logits, and the token stays there too: the next step
 /// can be queued on it before it is read.
 enum Pick {

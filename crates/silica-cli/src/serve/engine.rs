@@ -15,11 +15,11 @@
 //! longest ago. `--no-prompt-cache` turns this off.
 //!
 //! Tokens are picked on the device where they can be: greedily, or drawn
-//! at a temperature, with top-k, top-p and min-p cuts
+//! at a temperature, with top-k, top-p and min-p cuts on a GPU
 //! (`sampling::draw_rows`, seeded by the request's seed and the token's
-//! index). On a GPU, while every
-//! sequence that gets a token from a step picks it there, the next step is
-//! queued on the step's picks before they are read back
+//! index). On a GPU, while every sequence that gets a token from a step
+//! picks it there, the next step is queued on the step's picks before they
+//! are read back
 //! (`Llama::forward_pooled_picked`), so the GPU works while the host reads,
 //! detokenizes and sends; a sequence that ends on such a token has its row
 //! of the next step dropped. A sequence with a repetition penalty has its
