@@ -294,14 +294,15 @@ fn a_repeated_prompt_reuses_the_kv_cache() {
     let p = "The history of the river begins in the mountains, where";
     // q shares its first words with p, a small part of p's kept tokens
     let q = "The history of Rome is long and";
-    let server = Server::start(&[
+    let args = [
         "--device",
         "cpu",
         "--parallel",
         "2",
         "--embed-model",
         "none",
-    ]);
+    ];
+    let server = Server::start(&args);
     let (n, cached) = complete_cached(&server, p);
     assert_eq!(cached, 0, "nothing was kept yet");
     assert!(n > 4);
@@ -348,15 +349,7 @@ fn a_repeated_prompt_reuses_the_kv_cache() {
         "turn 2 reused {cached} tokens of a first turn of {turn1}: {u}"
     );
     drop(server);
-    let server = Server::start(&[
-        "--device",
-        "cpu",
-        "--parallel",
-        "2",
-        "--embed-model",
-        "none",
-        "--no-prompt-cache",
-    ]);
+    let server = Server::start(&[&args[..], &["--no-prompt-cache"]].concat());
     assert_eq!(complete_cached(&server, p), (n, 0));
     assert_eq!(complete_cached(&server, p), (n, 0));
     assert_eq!(server.metric("silica_prompt_tokens_cached_total"), 0.0);

@@ -379,7 +379,7 @@ impl<'a> Runner<'a> {
                 .take_while(|(a, b)| a == b)
                 .count()
         };
-        let (_, _, slot) = (0..pool.slots())
+        let (_, _, slot, held) = (0..pool.slots())
             .filter(|&slot| !pool.in_use(slot))
             .map(|slot| {
                 let n = shared(slot);
@@ -388,10 +388,10 @@ impl<'a> Runner<'a> {
                 } else {
                     0
                 };
-                (score, Reverse(freed_at[slot]), slot)
+                (score, Reverse(freed_at[slot]), slot, n.min(most))
             })
             .max()?;
-        let held = pool.acquire_at(slot, shared(slot).min(most))?;
+        let held = pool.acquire_at(slot, held)?;
         Some((slot, held))
     }
 

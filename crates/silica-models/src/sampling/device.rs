@@ -140,34 +140,30 @@ fn cut_of(row: &[f32], w: &[u32]) -> f32 {
     let floor = m - REACH;
     let mut cut = floor;
     if top_k > 0 && count(floor) > top_k {
-        let (mut lo, mut hi) = (floor, m);
-        for _ in 0..BISECTIONS {
-            let mid = lo + (hi - lo) * 0.5;
-            if count(mid) >= top_k {
-                lo = mid;
-            } else {
-                hi = mid;
-            }
-        }
-        cut = lo;
+        cut = bisect(floor, m, |t| count(t) >= top_k);
     }
     if top_p < 1.0 {
         let target = top_p * mass(cut);
-        let (mut lo, mut hi) = (cut, m);
-        for _ in 0..BISECTIONS {
-            let mid = lo + (hi - lo) * 0.5;
-            if mass(mid) >= target {
-                lo = mid;
-            } else {
-                hi = mid;
-            }
-        }
-        cut = lo;
+        cut = bisect(cut, m, |t| mass(t) >= target);
     }
     if min_p > 0.0 {
         cut = cut.max(m + min_p.ln());
     }
     cut
+}
+
+/// The highest threshold in `[lo, hi]` at which `holds` (true at `lo`),
+/// to within adjacent floats: `row_cut.wgsl`'s bisection, step for step.
+fn bisect(mut lo: f32, mut hi: f32, holds: impl Fn(f32) -> bool) -> f32 {
+    for _ in 0..BISECTIONS {
+        let mid = lo + (hi - lo) * 0.5;
+        if holds(mid) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
 }
 
 /// The thresholds of [`row_cuts`]: inputs the logits `[rows, vocab]` f32
