@@ -99,6 +99,8 @@ def main():
     p.add_argument("--ttft-rounds", type=int, default=10)
     p.add_argument("--label", default="server")
     p.add_argument("--temperature", type=float, default=0.0, help="of the streams (not of the TTFT prompts); 0 is greedy")
+    p.add_argument("--top-p", type=float, default=None, help="of the streams, as --temperature")
+    p.add_argument("--top-k", type=int, default=None, help="of the streams (an extension both servers take)")
     p.add_argument("--llama-server", action="store_true", help="ask llama-server to ignore EOS as silica's random models rarely end")
     a = p.parse_args()
     extra = {"ignore_eos": True} if a.llama_server else {}
@@ -109,9 +111,10 @@ def main():
         ttft = [stream(a.url, q, 1, extra)[1] for q in prompts]
         ttft = [t for t in ttft if t is not None]
         print(f"{a.label}: time to first token (16-token prompt, {kind}, idle): median {1e3 * statistics.median(ttft):.1f} ms")
+    cuts = {k: v for k, v in (("top_p", a.top_p), ("top_k", a.top_k)) if v is not None}
     base = None
     for c in [int(x) for x in a.concurrency.split(",")]:
-        rate, n = load(a.url, c, a.seconds, a.max_tokens, extra, a.temperature)
+        rate, n = load(a.url, c, a.seconds, a.max_tokens, {**extra, **cuts}, a.temperature)
         base = base or rate
         print(f"{a.label}: {c:>3} streams: {rate:8.1f} tok/s aggregate ({n} requests, {rate / base:.2f}x one stream)")
 

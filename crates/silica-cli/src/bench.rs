@@ -178,8 +178,14 @@ struct Case {
 fn cases(large: bool, cpu: bool) -> Vec<Case> {
     let mut v = Vec::new();
     let mut push = |name: String, kind: Kind| v.push(Case { name, kind });
-    // (model, d_model, ffn) of Llama-shaped models: SmolLM2-135M, Llama 3.2 1B, Llama 2 7B
-    for (model, d, ffn) in [("135m", 576, 1536), ("1b", 2048, 8192), ("7b", 4096, 11008)] {
+    // (model, d_model, ffn) of Llama-shaped models (SmolLM2-135M, Llama 3.2 1B, Llama 2 7B) and
+    // of all-MiniLM-L6-v2, whose products have the same three shapes
+    for (model, d, ffn) in [
+        ("135m", 576, 1536),
+        ("1b", 2048, 8192),
+        ("7b", 4096, 11008),
+        ("minilm", 384, 1536),
+    ] {
         for m in [1, 512] {
             if m == 512 && cpu && model == "7b" {
                 continue;

@@ -130,21 +130,32 @@ fn cut_of(row: &[f32], w: &[u32]) -> f32 {
     let Some(m) = valid().reduce(f32::max) else {
         return f32::NEG_INFINITY;
     };
-    let count = |t: f32| valid().filter(|&v| v >= t).count() as u32;
-    let mass = |t: f32| {
+    // the count of entries at or above t and their mass
+    let above = |t: f32| {
         valid()
             .filter(|&v| v >= t)
-            .map(|v| (v - m).exp())
-            .sum::<f32>()
+            .fold((0u32, 0f32), |(c, q), v| (c + 1, q + (v - m).exp()))
     };
     let floor = m - REACH;
     let mut cut = floor;
-    if top_k > 0 && count(floor) > top_k {
-        cut = bisect(floor, m, |t| count(t) >= top_k);
+    if top_k > 0 {
+        let c = above(floor).0;
+        if c > top_k {
+            let test = |t| {
+                let c = above(t).0;
+                (c, c >= top_k)
+            };
+            cut = bisect(floor, m, c, test, |c_lo, _| c_lo == top_k);
+        }
     }
     if top_p < 1.0 {
-        let target = top_p * mass(cut);
-        cut = bisect(cut, m, |t| mass(t) >= target);
+        let (c, q) = above(cut);
+        let goal = top_p * q;
+        let test = |t| {
+            let (c, q) = above(t);
+            (c, q >= goal)
+        };
+        cut = bisect(cut, m, c, test, |c_lo, c_hi| Some(c_lo) == c_hi);
     }
     if min_p > 0.0 {
         cut = cut.max(m + min_p.ln());
@@ -152,15 +163,32 @@ fn cut_of(row: &[f32], w: &[u32]) -> f32 {
     cut
 }
 
-/// The highest threshold in `[lo, hi]` at which `holds` (true at `lo`),
-/// to within adjacent floats: `row_cut.wgsl`'s bisection, step for step.
-fn bisect(mut lo: f32, mut hi: f32, holds: impl Fn(f32) -> bool) -> f32 {
+/// The highest threshold in `[lo, hi]` that holds (`test` gives the count
+/// of entries at or above a threshold and whether it holds; it holds at
+/// `lo`, where `count` entries are), to within adjacent floats or until
+/// `pinned` (the counts at `lo` and, once known, at `hi`) says no later
+/// step changes which entries `lo` keeps: `row_cut.wgsl`'s bisection,
+/// step for step.
+fn bisect(
+    mut lo: f32,
+    mut hi: f32,
+    count: u32,
+    test: impl Fn(f32) -> (u32, bool),
+    pinned: impl Fn(u32, Option<u32>) -> bool,
+) -> f32 {
+    let (mut c_lo, mut c_hi) = (count, None);
     for _ in 0..BISECTIONS {
+        if pinned(c_lo, c_hi) {
+            break;
+        }
         let mid = lo + (hi - lo) * 0.5;
-        if holds(mid) {
+        let (c, holds) = test(mid);
+        if holds {
             lo = mid;
+            c_lo = c;
         } else {
             hi = mid;
+            c_hi = Some(c);
         }
     }
     lo
@@ -384,6 +412,70 @@ mod tests {
         let greedy = vec![RowDraw::argmax(); n];
         let top: Vec<u32> = draw_rows(&logits, &greedy).unwrap().to_vec().unwrap();
         assert!(top.iter().all(|&p| p == 0));
+    }
+
+    /// The bisections that stop once the kept entries are pinned keep what
+    /// the definitions keep: exactly k entries for top-k, and for top-p the
+    /// fewest most likely entries (of those top-k kept) whose mass reaches
+    /// top_p of theirs. Rows of 3,000 entries: spread, a spike over a flat
+    /// tail, and coarse (many ties below the top).
+    #[test]
+    fn early_stopping_cuts_keep_what_the_definitions_keep() {
+        let mut h = 0x9e37_79b9u32;
+        let mut next = || {
+            h ^= h << 13;
+            h ^= h >> 17;
+            h ^= h << 5;
+            h as f32 / u32::MAX as f32
+        };
+        for case in 0..60 {
+            let row: Vec<f32> = (0..3000)
+                .map(|i| match case % 3 {
+                    0 => next() * 12.0,
+                    1 => (if i == 17 { 9.0 } else { 0.0 }) + next() * 0.5,
+                    _ => (next() * 6.0).floor() + if i < 40 { next() * 3.0 + 6.0 } else { 0.0 },
+                })
+                .collect();
+            let inv_t = [1.0f32, 1.25, 0.5][case % 3];
+            let top_k = [0u32, 1, 5, 40][case % 4];
+            let top_p = [1.0f32, 0.9, 0.5, 0.95, 0.2][case % 5];
+            if top_k == 0 && top_p >= 1.0 {
+                continue;
+            }
+            let d = RowDraw {
+                inv_temperature: inv_t,
+                key: 1,
+                counter: 0,
+                top_k,
+                top_p,
+                min_p: 0.0,
+            };
+            let cut = cut_of(&row, &d.words());
+            let kept = row.iter().filter(|&&l| l * inv_t >= cut).count();
+            let mut s: Vec<f32> = row.iter().map(|&l| l * inv_t).collect();
+            s.sort_by(|a, b| b.total_cmp(a));
+            let ties_at = |n: usize| n < s.len() && n > 0 && s[n] == s[n - 1];
+            let mut n = if top_k > 0 { top_k as usize } else { s.len() };
+            if ties_at(n) {
+                continue; // a tie at the k-th entry keeps all of it
+            }
+            if top_p < 1.0 {
+                let mass: Vec<f32> = s[..n].iter().map(|v| (v - s[0]).exp()).collect();
+                let goal = top_p * mass.iter().sum::<f32>();
+                let mut sum = 0.0;
+                n = 1 + mass
+                    .iter()
+                    .position(|q| {
+                        sum += q;
+                        sum >= goal
+                    })
+                    .unwrap();
+                while ties_at(n) {
+                    n += 1;
+                }
+            }
+            assert_eq!(kept, n, "case {case}: k {top_k}, p {top_p}, cut at {cut}");
+        }
     }
 
     /// With top-k, top-p and min-p, the draws come in the proportions the

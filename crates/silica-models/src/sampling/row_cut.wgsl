@@ -1,9 +1,12 @@
 // row_cut.wgsl: one workgroup a row; out[row] = the threshold on
 // s = l * inv_t below which the row's entries are cut (top-k by bisection
 // over counts, then top-p by bisection over masses, then min-p), -inf where
-// the row is not cut. The same steps as `cut_of` in sampling/device.rs;
-// both bisections always run their steps so that every barrier is in
-// uniform control flow, and the results are chosen at the end.
+// the row is not cut. The same steps as `cut_of` in sampling/device.rs: a
+// bisection stops once no later step can change which entries it keeps
+// (top-k: exactly k at the low bound; either: no entry between the
+// bounds). Every value that steers the loops comes from
+// workgroupUniformLoad, so the barriers inside them stay in uniform
+// control flow.
 
 struct Params {
     rows: u32,
@@ -22,10 +25,11 @@ struct Params {
 const REACH: f32 = 80.0;
 const NEG_INF: u32 = 0xff800000u;
 
-var<workgroup> red: array<f32, 256>;
+// (count, mass) or (max, -) of each thread, reduced in place
+var<workgroup> red: array<vec2<f32>, 256>;
 
 // The workgroup's max (op 0) or sum (op 1) of red[], to every thread.
-fn tree(lid: u32, op: u32) -> f32 {
+fn tree(lid: u32, op: u32) -> vec2<f32> {
     for (var k = 128u; k > 0u; k >>= 1u) {
         workgroupBarrier();
         if lid < k {
@@ -34,33 +38,21 @@ fn tree(lid: u32, op: u32) -> f32 {
             red[lid] = select(a + b, max(a, b), op == 0u);
         }
     }
-    workgroupBarrier();
-    let r = red[0];
-    workgroupBarrier();
-    return r;
+    return workgroupUniformLoad(&red[0]);
 }
 
-// This thread's count of entries with s >= t.
-fn count_ge(base: u32, inv_t: f32, t: f32, lid: u32) -> f32 {
-    var c = 0.0;
-    for (var i = lid; i < p.vocab; i += 256u) {
-        if logits[base + i] * inv_t >= t {
-            c += 1.0;
-        }
-    }
-    return c;
-}
-
-// This thread's sum of exp(s - m) over entries with s >= t.
-fn mass_ge(base: u32, inv_t: f32, t: f32, m: f32, lid: u32) -> f32 {
-    var c = 0.0;
+// The row's count of entries with s >= t and, with `mass`, their sum of
+// exp(s - m).
+fn above(base: u32, inv_t: f32, t: f32, m: f32, mass: bool, lid: u32) -> vec2<f32> {
+    var c = vec2<f32>(0.0);
     for (var i = lid; i < p.vocab; i += 256u) {
         let s = logits[base + i] * inv_t;
         if s >= t {
-            c += exp(s - m);
+            c += vec2<f32>(1.0, select(0.0, exp(s - m), mass));
         }
     }
-    return c;
+    red[lid] = c;
+    return tree(lid, 1u);
 }
 
 @compute @workgroup_size(256)
@@ -83,45 +75,63 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             mx = max(mx, s);
         }
     }
-    red[lid] = mx;
-    let m = tree(lid, 0u);
+    red[lid] = vec2<f32>(mx);
+    let m = tree(lid, 0u).x;
+    let none = inv_t == 0.0 || (top_k == 0u && top_p >= 1.0 && min_p <= 0.0) || !(m > bitcast<f32>(NEG_INF));
     let floor = m - REACH;
+    var cut = floor;
 
-    red[lid] = count_ge(base, inv_t, floor, lid);
-    let above = tree(lid, 1u);
-    var lo = floor;
-    var hi = m;
-    for (var it = 0u; it < p.steps; it++) {
-        let mid = lo + (hi - lo) * 0.5;
-        red[lid] = count_ge(base, inv_t, mid, lid);
-        let c = tree(lid, 1u);
-        if c >= f32(top_k) {
-            lo = mid;
-        } else {
-            hi = mid;
+    // top-k: the highest t with at least k entries at or above it
+    if !none && top_k > 0u {
+        var c_lo = above(base, inv_t, floor, m, false, lid).x;
+        let k = f32(top_k);
+        if c_lo > k {
+            var lo = floor;
+            var hi = m;
+            for (var it = 0u; it < p.steps; it++) {
+                if c_lo == k {
+                    break;
+                }
+                let mid = lo + (hi - lo) * 0.5;
+                let c = above(base, inv_t, mid, m, false, lid).x;
+                if c >= k {
+                    lo = mid;
+                    c_lo = c;
+                } else {
+                    hi = mid;
+                }
+            }
+            cut = lo;
         }
     }
-    var cut = select(floor, lo, top_k > 0u && above > f32(top_k));
 
-    red[lid] = mass_ge(base, inv_t, cut, m, lid);
-    let goal = top_p * tree(lid, 1u);
-    lo = cut;
-    hi = m;
-    for (var it = 0u; it < p.steps; it++) {
-        let mid = lo + (hi - lo) * 0.5;
-        red[lid] = mass_ge(base, inv_t, mid, m, lid);
-        let q = tree(lid, 1u);
-        if q >= goal {
-            lo = mid;
-        } else {
-            hi = mid;
+    // top-p: the highest t whose entries hold top_p of what top-k kept
+    if !none && top_p < 1.0 {
+        let all = above(base, inv_t, cut, m, true, lid);
+        let goal = top_p * all.y;
+        var lo = cut;
+        var hi = m;
+        var c_lo = all.x;
+        var c_hi = -1.0;
+        for (var it = 0u; it < p.steps; it++) {
+            if c_lo == c_hi {
+                break;
+            }
+            let mid = lo + (hi - lo) * 0.5;
+            let q = above(base, inv_t, mid, m, true, lid);
+            if q.y >= goal {
+                lo = mid;
+                c_lo = q.x;
+            } else {
+                hi = mid;
+                c_hi = q.x;
+            }
         }
+        cut = lo;
     }
-    cut = select(cut, lo, top_p < 1.0);
     if min_p > 0.0 {
         cut = max(cut, m + log(min_p));
     }
-    let none = inv_t == 0.0 || (top_k == 0u && top_p >= 1.0 && min_p <= 0.0) || !(m > bitcast<f32>(NEG_INF));
     if lid == 0u && at < p.rows {
         out[row] = select(cut, bitcast<f32>(NEG_INF), none);
     }
