@@ -61,7 +61,7 @@ impl Sampler {
     /// `None` for greedy samplers and those with a repetition penalty,
     /// which needs the tokens seen.
     /// [`Sampler::device_draw`] where it pays on `device`: on the CPU a cut
-    /// row is cheaper on the host (the kernels' bisections are for a GPU).
+    /// row is cheaper on the host (the kernels' searches are for a GPU).
     pub fn device_draw_on(&self, counter: u64, device: &silica::Device) -> Option<RowDraw> {
         self.device_draw(counter)
             .filter(|d| device.is_gpu() || !d.cuts())

@@ -9,7 +9,7 @@
 //!
 //! Top-k, top-p and min-p cut the row first, as the host sampler does (top-k
 //! first, then min-p against the most likely token and top-p over what
-//! top-k kept): each becomes a threshold on `l / T`, found by bisection
+//! top-k kept): each becomes a threshold on `l / T`, found by a search
 //! over counts (top-k) and masses (top-p) of the entries above it, and the
 //! entries below the highest threshold take no part in the draw. Entries
 //! more than 80 below the row's largest `l / T` (a probability under
@@ -110,9 +110,9 @@ pub fn row_cuts(logits: &Tensor, rows: &[RowDraw]) -> Result<Tensor> {
     custom::apply(&RowCuts, &[logits, &words])
 }
 
-/// Bisection steps of a threshold: past about 30 the bounds are adjacent
-/// floats and the steps change nothing.
-const BISECTIONS: u32 = 40;
+/// Passes of a search for a threshold, each narrowing it 8 times: past
+/// about 10 the bounds are adjacent floats and passes change nothing.
+const PASSES: u32 = 12;
 
 /// How far below the largest `l / T` a cut row reaches at most.
 const REACH: f32 = 80.0;
@@ -145,7 +145,7 @@ fn cut_of(row: &[f32], w: &[u32]) -> f32 {
                 let c = above(t).0;
                 (c, c >= top_k)
             };
-            cut = bisect(floor, m, c, test, |c_lo, _| c_lo == top_k);
+            cut = search(floor, m, c, test, |c_lo, _| c_lo == top_k);
         }
     }
     if top_p < 1.0 {
@@ -155,7 +155,7 @@ fn cut_of(row: &[f32], w: &[u32]) -> f32 {
             let (c, q) = above(t);
             (c, q >= goal)
         };
-        cut = bisect(cut, m, c, test, |c_lo, c_hi| Some(c_lo) == c_hi);
+        cut = search(cut, m, c, test, |c_lo, c_hi| Some(c_lo) == c_hi);
     }
     if min_p > 0.0 {
         cut = cut.max(m + min_p.ln());
@@ -167,9 +167,10 @@ fn cut_of(row: &[f32], w: &[u32]) -> f32 {
 /// of entries at or above a threshold and whether it holds; it holds at
 /// `lo`, where `count` entries are), to within adjacent floats or until
 /// `pinned` (the counts at `lo` and, once known, at `hi`) says no later
-/// step changes which entries `lo` keeps: `row_cut.wgsl`'s bisection,
-/// step for step.
-fn bisect(
+/// pass changes which entries `lo` keeps. Each pass tests the 7
+/// thresholds that split `[lo, hi]` into 8 and keeps the eighth where the
+/// answer lies: `row_cut.wgsl`'s search, pass for pass.
+fn search(
     mut lo: f32,
     mut hi: f32,
     count: u32,
@@ -177,18 +178,22 @@ fn bisect(
     pinned: impl Fn(u32, Option<u32>) -> bool,
 ) -> f32 {
     let (mut c_lo, mut c_hi) = (count, None);
-    for _ in 0..BISECTIONS {
+    for _ in 0..PASSES {
         if pinned(c_lo, c_hi) {
             break;
         }
-        let mid = lo + (hi - lo) * 0.5;
-        let (c, holds) = test(mid);
-        if holds {
-            lo = mid;
-            c_lo = c;
-        } else {
-            hi = mid;
-            c_hi = Some(c);
+        let w = (hi - lo) * 0.125;
+        let t: [f32; 7] = std::array::from_fn(|j| lo + w * (j + 1) as f32);
+        let r = t.map(&test);
+        // `holds` falls from true to false as the threshold rises
+        let n = r.iter().filter(|x| x.1).count();
+        if n > 0 {
+            lo = t[n - 1];
+            c_lo = r[n - 1].0;
+        }
+        if n < 7 {
+            hi = t[n];
+            c_hi = Some(r[n].0);
         }
     }
     lo
@@ -232,7 +237,7 @@ impl CustomOp for RowCuts {
         };
         let (rows, vocab) = (*rows, *vocab);
         let groups = call.groups_for(rows * 256, 256)?;
-        let params = custom::params(&[rows as u32, vocab as u32, groups[0], BISECTIONS]);
+        let params = custom::params(&[rows as u32, vocab as u32, groups[0], PASSES]);
         call.dispatch(&ROW_CUT, &params, groups)?;
         Ok(true)
     }
@@ -414,7 +419,7 @@ mod tests {
         assert!(top.iter().all(|&p| p == 0));
     }
 
-    /// The bisections that stop once the kept entries are pinned keep what
+    /// The searches that stop once the kept entries are pinned keep what
     /// the definitions keep: exactly k entries for top-k, and for top-p the
     /// fewest most likely entries (of those top-k kept) whose mass reaches
     /// top_p of theirs. Rows of 3,000 entries: spread, a spike over a flat
