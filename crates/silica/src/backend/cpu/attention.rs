@@ -317,10 +317,43 @@ fn add_mask(x: &Inputs<'_>, bi: usize, hi: usize, i: usize, scores: &mut [f32]) 
     }
 }
 
+/// `o` ← the softmax of `x` (one row, f32), through the widest kernel
+/// `isa` allows.
+pub(super) fn softmax_row(isa: crate::CpuIsa, x: &[f32], o: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if isa >= crate::CpuIsa::Avx512 {
+            // SAFETY: cpu_isa is never above what the processor has
+            return unsafe { x86::softmax_row_avx512(x, o) };
+        }
+        if isa >= crate::CpuIsa::Avx2 {
+            // SAFETY: as above
+            return unsafe { x86::softmax_row_avx2(x, o) };
+        }
+    }
+    let _ = isa;
+    softmax_row_any::<FMA_IN_TARGET>(x, o)
+}
+
+#[inline(always)]
+fn softmax_row_any<const FUSED: bool>(x: &[f32], o: &mut [f32]) {
+    // a NaN makes the whole row NaN, as on the exact path and in PyTorch
+    // (the exponential here gives 0 for it)
+    if x.iter().fold(false, |a, v| a | v.is_nan()) {
+        o.fill(f32::NAN);
+        return;
+    }
+    o.copy_from_slice(x);
+    let inv = softmax_in_place::<FUSED>(o);
+    for p in o.iter_mut() {
+        *p *= inv;
+    }
+}
+
 /// `scores` ← their softmax's numerators; returns 1 / their sum.
 #[inline(always)]
 fn softmax_in_place<const FUSED: bool>(scores: &mut [f32]) -> f32 {
-    let max = scores.iter().fold(f32::NEG_INFINITY, |a, &s| a.max(s));
+    let max = max16(scores);
     for s in scores.iter_mut() {
         *s = exp::<FUSED>(*s - max);
     }
@@ -428,6 +461,16 @@ mod x86 {
     #[target_feature(enable = "avx2,fma")]
     pub(super) fn softmax_rows_avx2(x: &Inputs<'_>, at: [usize; 3], s: &mut [f32]) {
         super::softmax_rows_any::<true>(x, at, s)
+    }
+
+    #[target_feature(enable = "avx512f,avx512vl,avx512dq,avx2,fma")]
+    pub(super) fn softmax_row_avx512(x: &[f32], o: &mut [f32]) {
+        super::softmax_row_any::<true>(x, o)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) fn softmax_row_avx2(x: &[f32], o: &mut [f32]) {
+        super::softmax_row_any::<true>(x, o)
     }
 
     /// Heads handled together (their accumulators stay in registers).
@@ -779,6 +822,20 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     }
     let tail: f32 = at.iter().zip(bt).map(|(x, y)| x * y).sum();
     fold(acc) + tail
+}
+
+/// The largest of `v` (NaN ignored, as `f32::max` does) in 16 lanes.
+#[inline(always)]
+fn max16(v: &[f32]) -> f32 {
+    let mut acc = [f32::NEG_INFINITY; 16];
+    let (c, t) = v.as_chunks::<16>();
+    for x in c {
+        for l in 0..16 {
+            acc[l] = acc[l].max(x[l]);
+        }
+    }
+    let m = acc.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    t.iter().fold(m, |a, &b| a.max(b))
 }
 
 /// The sum of `v` in 16 lanes.

@@ -47,7 +47,7 @@ thread_local! {
 /// `allow_tf32`: speed by default, exactness on request. Each output may
 /// then differ from the exact product by up to `Σ |w| · amax(x) / 254`
 /// over the blocks of 32 (`amax(x)` the largest |x| of the block). The
-/// same switch runs attention and SwiGLU's activation in f32 (a
+/// same switch runs attention, softmax and SwiGLU's activation in f32 (a
 /// vectorized exponential, relative errors near 1e-6) instead of f64. Turn it
 /// off with [`set_cpu_int8_activations`]`(false)` or by starting the
 /// process with `SILICA_CPU_INT8=0` (read once, on first use), where the
