@@ -90,7 +90,7 @@ pub fn draw_rows(logits: &Tensor, rows: &[RowDraw]) -> Result<Tensor> {
     let words: Vec<u32> = rows.iter().flat_map(RowDraw::words).collect();
     let words = Tensor::from_vec(words, &[rows.len(), 8], logits.device())?;
     let cuts = if rows.iter().any(RowDraw::cuts) {
-        custom::apply(&RowCuts, &[logits, &words])?
+        cuts_of(logits, &words)?
     } else {
         Tensor::from_vec(
             vec![f32::NEG_INFINITY; rows.len()],
@@ -107,7 +107,25 @@ pub fn draw_rows(logits: &Tensor, rows: &[RowDraw]) -> Result<Tensor> {
 pub fn row_cuts(logits: &Tensor, rows: &[RowDraw]) -> Result<Tensor> {
     let words: Vec<u32> = rows.iter().flat_map(RowDraw::words).collect();
     let words = Tensor::from_vec(words, &[rows.len(), 8], logits.device())?;
-    custom::apply(&RowCuts, &[logits, &words])
+    cuts_of(logits, &words)
+}
+
+/// [`RowCuts`] with the scratch its kernel needs (zeros before and after).
+fn cuts_of(logits: &Tensor, words: &Tensor) -> Result<Tensor> {
+    let rows = logits.shape().first().copied().unwrap_or(0);
+    let vocab = logits.shape().get(1).copied().unwrap_or(0);
+    let mut scratch = Tensor::zeros(&[rows, scratch_words(vocab)], DType::F32, logits.device())?;
+    custom::apply_in_place(&RowCuts, &[logits, words], &mut [&mut scratch])
+}
+
+/// Entries of a row each workgroup of `row_cut.wgsl` reads (256 threads,
+/// 8 loads each).
+const CHUNK: usize = 2048;
+
+/// Scratch words a row of `vocab` entries needs: two states of 16 words,
+/// two slots of 16 partials per workgroup.
+fn scratch_words(vocab: usize) -> usize {
+    32 + 32 * vocab.div_ceil(CHUNK).max(1)
 }
 
 /// Passes of a search for a threshold, each narrowing it 8 times: past
@@ -200,7 +218,8 @@ fn search(
 }
 
 /// The thresholds of [`row_cuts`]: inputs the logits `[rows, vocab]` f32
-/// and each row's words `[rows, 8]` u32.
+/// and each row's words `[rows, 8]` u32; in place a scratch `[rows,
+/// scratch_words(vocab)]` f32 of zeros, which it leaves zeros.
 struct RowCuts;
 
 static ROW_CUT: WgslKernel = WgslKernel {
@@ -214,12 +233,19 @@ impl CustomOp for RowCuts {
         "row_cut"
     }
 
-    fn output(&self, inputs: &[&Tensor], _: &[&Tensor]) -> Result<(Vec<usize>, DType)> {
+    fn output(&self, inputs: &[&Tensor], in_place: &[&Tensor]) -> Result<(Vec<usize>, DType)> {
         let rows = check_rows("row_cut", inputs[0], inputs[1])?;
-        Ok((vec![rows], DType::F32))
+        let want = [rows, scratch_words(inputs[0].shape()[1])];
+        match in_place {
+            [s] if s.shape() == want && s.dtype() == DType::F32 => Ok((vec![rows], DType::F32)),
+            _ => Err(silica::Error::InvalidArgument {
+                op: "row_cut",
+                msg: format!("wants one f32 scratch of shape {want:?} updated in place"),
+            }),
+        }
     }
 
-    fn cpu(&self, inputs: &[&Tensor], _: &mut [&mut Tensor]) -> Result<Tensor> {
+    fn cpu(&self, inputs: &[&Tensor], _scratch: &mut [&mut Tensor]) -> Result<Tensor> {
         let vocab = inputs[0].shape()[1];
         let l: Vec<f32> = inputs[0].to_vec()?;
         let words: Vec<u32> = inputs[1].to_vec()?;
@@ -236,9 +262,22 @@ impl CustomOp for RowCuts {
             return Ok(false);
         };
         let (rows, vocab) = (*rows, *vocab);
-        let groups = call.groups_for(rows * 256, 256)?;
-        let params = custom::params(&[rows as u32, vocab as u32, groups[0], PASSES]);
-        call.dispatch(&ROW_CUT, &params, groups)?;
+        let chunks = vocab.div_ceil(CHUNK).max(1);
+        if rows > 65_535 || chunks > 65_535 {
+            return Ok(false);
+        }
+        let stride = scratch_words(vocab) as u32;
+        for pass in 0..2 * PASSES + 5 {
+            let params = custom::params(&[
+                rows as u32,
+                vocab as u32,
+                chunks as u32,
+                pass,
+                PASSES,
+                stride,
+            ]);
+            call.dispatch(&ROW_CUT, &params, [chunks as u32, rows as u32, 1])?;
+        }
         Ok(true)
     }
 
@@ -319,7 +358,7 @@ impl CustomOp for GumbelLogits {
         Ok((inputs[0].shape().to_vec(), DType::F32))
     }
 
-    fn cpu(&self, inputs: &[&Tensor], _: &mut [&mut Tensor]) -> Result<Tensor> {
+    fn cpu(&self, inputs: &[&Tensor], _scratch: &mut [&mut Tensor]) -> Result<Tensor> {
         let vocab = inputs[0].shape()[1];
         let mut l: Vec<f32> = inputs[0].to_vec()?;
         let words: Vec<u32> = inputs[1].to_vec()?;

@@ -1,203 +1,335 @@
-// row_cut.wgsl: one workgroup a row; out[row] = the threshold on
-// s = l * inv_t below which the row's entries are cut (top-k over counts,
-// then top-p over masses, then min-p), -inf where the row is not cut. The
-// same steps as `cut_of` in sampling/device.rs. Each pass over the row
-// counts the entries (and sums their masses) at 7 thresholds that split
-// [lo, hi] into 8, and keeps the part where the cut lies; a search stops
-// once no later pass can change which entries it keeps (top-k: exactly k
-// at lo; either: no entry between lo and hi). Every value that steers the
-// loops comes from workgroupUniformLoad, so the barriers inside them stay
-// in uniform control flow. Each thread has 8 loads in flight.
+// row_cut.wgsl: out[row] = the threshold on s = l * inv_t below which the
+// row's entries are cut (top-k over counts, then top-p over masses, then
+// min-p), -inf where the row is not cut: the same searches as `cut_of` in
+// sampling/device.rs, spread over the row. The op dispatches this kernel
+// 2 * passes + 5 times; dispatch `pass` has one workgroup per 2,048
+// entries of each row (x) and row (y). Each dispatch first derives the
+// search's state from the state and the per-workgroup partial counts and
+// masses that the one before left in `scratch`, then computes its own
+// partials: the maximum (pass 0), the count (top-k) or count and mass
+// (top-p) at the start of a search, or at the 7 thresholds that split the
+// search's interval into eighths. A search ends once no later pass can
+// change which entries it keeps (top-k: exactly k at the low end; either:
+// no entry left between the ends) or after `passes` passes; the
+// dispatches after the row's cut is known only write it again, and the
+// last one zeroes the scratch.
 
 struct Params {
     rows: u32,
     vocab: u32,
-    // workgroups along x: the grid may be split over x and y
-    gx: u32,
+    // workgroups along x: one per CHUNK entries of a row
+    groups: u32,
+    pass_: u32,
     // passes of a search at most
     passes: u32,
+    // scratch words per row: 2 states of 16, then 2 slots of partials
+    stride: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> logits: array<f32>;
 // per row: key low, key high, counter, inv_t; top-k, top-p, min-p, 0
 @group(0) @binding(2) var<storage, read> rows: array<vec4<u32>>;
-@group(0) @binding(3) var<storage, read_write> out: array<f32>;
+@group(0) @binding(3) var<storage, read_write> scratch: array<f32>;
+@group(0) @binding(4) var<storage, read_write> out: array<f32>;
 
 const REACH: f32 = 80.0;
 const NEG_INF: u32 = 0xff800000u;
 const UNROLL: u32 = 8u;
+const CHUNK: u32 = 2048u;
 
-// per thread: counts at thresholds 1-4 and 5-7, masses at 1-4 and 5-7
-var<workgroup> red: array<array<vec4<f32>, 4>, 256>;
+// phases: the work of a pass, and which partials a pass left
+const MAXP: u32 = 0u;
+const KINIT: u32 = 1u;
+const KSEARCH: u32 = 2u;
+const PINIT: u32 = 3u;
+const PSEARCH: u32 = 4u;
+const DONE: u32 = 5u;
+const NOTHING: u32 = 6u;
 
-struct Pass {
-    ca: vec4<f32>,
-    cb: vec4<f32>,
-    qa: vec4<f32>,
-    qb: vec4<f32>,
+struct State {
+    phase: u32,
+    pending: u32,
+    lo: f32,
+    hi: f32,
+    c_lo: f32,
+    c_hi: f32,
+    goal: f32,
+    m: f32,
+    cut: f32,
+    it: u32,
 }
 
-// The workgroup's sums of red[] (or maxima, op 0), to every thread.
-fn tree(lid: u32, op: u32) -> Pass {
-    for (var k = 128u; k > 0u; k >>= 1u) {
-        workgroupBarrier();
-        if lid < k {
-            for (var j = 0u; j < 4u; j++) {
-                let a = red[lid][j];
-                let b = red[lid + k][j];
-                red[lid][j] = select(a + b, max(a, b), op == 0u);
-            }
-        }
-    }
-    return Pass(
-        workgroupUniformLoad(&red[0][0]),
-        workgroupUniformLoad(&red[0][1]),
-        workgroupUniformLoad(&red[0][2]),
-        workgroupUniformLoad(&red[0][3]),
+var<workgroup> st: State;
+// per thread: counts at thresholds 1-4 and 5-7, masses at 1-4 and 5-7
+var<workgroup> red: array<array<vec4<f32>, 4>, 256>;
+// the previous pass's partials, a sixteenth of the workgroups a thread
+var<workgroup> part: array<f32, 256>;
+
+fn load_state(at: u32) -> State {
+    return State(
+        bitcast<u32>(scratch[at]), bitcast<u32>(scratch[at + 1u]),
+        scratch[at + 2u], scratch[at + 3u], scratch[at + 4u], scratch[at + 5u],
+        scratch[at + 6u], scratch[at + 7u], scratch[at + 8u], bitcast<u32>(scratch[at + 9u]),
     );
 }
 
-// The row's counts of entries at or above ta / tb (and with `mass` their
-// sums of exp(s - m)); entries below lo count nowhere.
-fn above(base: u32, inv_t: f32, lo: f32, ta: vec4<f32>, tb: vec4<f32>, m: f32, mass: bool, lid: u32) -> Pass {
-    var r = Pass(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
-    for (var i0 = lid; i0 < p.vocab; i0 += 256u * UNROLL) {
-        var v: array<f32, UNROLL>;
-        for (var u = 0u; u < UNROLL; u++) {
-            let i = i0 + 256u * u;
-            v[u] = select(bitcast<f32>(NEG_INF), logits[base + min(i, p.vocab - 1u)], i < p.vocab);
-        }
-        for (var u = 0u; u < UNROLL; u++) {
-            let s = v[u] * inv_t;
-            if s >= lo {
-                let e = select(0.0, exp(s - m), mass);
-                let ga = select(vec4<f32>(0.0), vec4<f32>(1.0), vec4<f32>(s) >= ta);
-                let gb = select(vec4<f32>(0.0), vec4<f32>(1.0), vec4<f32>(s) >= tb);
-                r.ca += ga;
-                r.cb += gb;
-                r.qa += ga * e;
-                r.qb += gb * e;
+fn store_state(at: u32, s: State) {
+    scratch[at] = bitcast<f32>(s.phase);
+    scratch[at + 1u] = bitcast<f32>(s.pending);
+    scratch[at + 2u] = s.lo;
+    scratch[at + 3u] = s.hi;
+    scratch[at + 4u] = s.c_lo;
+    scratch[at + 5u] = s.c_hi;
+    scratch[at + 6u] = s.goal;
+    scratch[at + 7u] = s.m;
+    scratch[at + 8u] = s.cut;
+    scratch[at + 9u] = bitcast<f32>(s.it);
+}
+
+// Threshold j (0-6) of a search pass over [lo, hi].
+fn threshold(lo: f32, hi: f32, j: u32) -> f32 {
+    let w = (hi - lo) * 0.125;
+    return lo + w * f32(j + 1u);
+}
+
+// The phase after top-k.
+fn after_k(top_p: f32) -> u32 {
+    return select(DONE, PINIT, top_p < 1.0);
+}
+
+// The state for this pass from the one before and the totals `part` holds
+// at 0..15 (counts at thresholds 1-7, then masses at 1-7; the maximum at 0).
+fn derive(s0: State, top_k: u32, top_p: f32, none_cut: bool) -> State {
+    var s = s0;
+    let k = f32(top_k);
+    switch s.pending {
+        case MAXP: {
+            s.m = part[0];
+            s.cut = s.m - REACH;
+            let none = none_cut || !(s.m > bitcast<f32>(NEG_INF));
+            if none {
+                s.phase = DONE;
+                s.cut = bitcast<f32>(NEG_INF);
+            } else if top_k > 0u {
+                s.phase = KINIT;
+            } else {
+                s.phase = after_k(top_p);
             }
         }
+        case KINIT: {
+            if part[0] > k {
+                s.lo = s.cut;
+                s.hi = s.m;
+                s.c_lo = part[0];
+                s.it = 0u;
+                s.phase = KSEARCH;
+            } else {
+                s.phase = after_k(top_p);
+            }
+        }
+        case KSEARCH: {
+            var n = 0u;
+            for (var j = 0u; j < 7u; j++) {
+                n += u32(part[j] >= k);
+            }
+            let lo = s.lo;
+            let hi = s.hi;
+            if n > 0u {
+                s.lo = threshold(lo, hi, n - 1u);
+                s.c_lo = part[n - 1u];
+            }
+            if n < 7u {
+                s.hi = threshold(lo, hi, n);
+            }
+            s.it += 1u;
+            if s.c_lo == k || s.it >= p.passes {
+                s.cut = s.lo;
+                s.phase = after_k(top_p);
+            }
+        }
+        case PINIT: {
+            s.goal = top_p * part[8];
+            s.lo = s.cut;
+            s.hi = s.m;
+            s.c_lo = part[0];
+            s.c_hi = -1.0;
+            s.it = 0u;
+            s.phase = PSEARCH;
+        }
+        case PSEARCH: {
+            var n = 0u;
+            for (var j = 0u; j < 7u; j++) {
+                n += u32(part[8u + j] >= s.goal);
+            }
+            let lo = s.lo;
+            let hi = s.hi;
+            if n > 0u {
+                s.lo = threshold(lo, hi, n - 1u);
+                s.c_lo = part[n - 1u];
+            }
+            if n < 7u {
+                s.hi = threshold(lo, hi, n);
+                s.c_hi = part[n];
+            }
+            s.it += 1u;
+            if s.c_lo == s.c_hi || s.it >= p.passes {
+                s.cut = s.lo;
+                s.phase = DONE;
+            }
+        }
+        default: {}
     }
-    red[lid] = array<vec4<f32>, 4>(r.ca, r.cb, r.qa, r.qb);
-    return tree(lid, 1u);
-}
-
-// Thresholds 1-7 of [lo, hi] in eighths (the eighth is unused).
-fn cuts_a(lo: f32, w: f32) -> vec4<f32> {
-    return vec4<f32>(lo + w, lo + w * 2.0, lo + w * 3.0, lo + w * 4.0);
-}
-fn cuts_b(lo: f32, w: f32, hi: f32) -> vec4<f32> {
-    return vec4<f32>(lo + w * 5.0, lo + w * 6.0, lo + w * 7.0, hi);
-}
-
-// Component j of a, then b.
-fn at(a: vec4<f32>, b: vec4<f32>, j: u32) -> f32 {
-    return select(b[j & 3u], a[j & 3u], j < 4u);
+    return s;
 }
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    // rows past the last (a split grid) read row 0 and write nothing
-    let g = wid.y * p.gx + wid.x;
-    let row = select(0u, g, g < p.rows);
+    let g = wid.x;
+    let row = wid.y;
+    let sbase = row * p.stride;
+    let rd = p.pass_ % 2u;
+    let wr = 1u - rd;
+    let slot = 32u + 16u * p.groups * rd;
+    let prev = 32u + 16u * p.groups * wr;
+    if p.pass_ == 2u * p.passes + 4u {
+        // the last dispatch: the scratch back to zeros
+        for (var i = lid; i < 16u; i += 256u) {
+            scratch[sbase + 32u + 16u * g + i] = 0.0;
+            scratch[sbase + 32u + 16u * (p.groups + g) + i] = 0.0;
+            if g == 0u {
+                scratch[sbase + i] = 0.0;
+                scratch[sbase + 16u + i] = 0.0;
+            }
+        }
+        return;
+    }
     let w0 = rows[2u * row];
     let w1 = rows[2u * row + 1u];
     let inv_t = bitcast<f32>(w0.w);
     let top_k = w1.x;
     let top_p = bitcast<f32>(w1.y);
     let min_p = bitcast<f32>(w1.z);
+    let none_cut = inv_t == 0.0 || (top_k == 0u && top_p >= 1.0 && min_p <= 0.0);
+
+    // the previous pass's partials, reduced in a fixed order (the same in
+    // every workgroup, so that all derive the same state)
+    var s0 = State(MAXP, NOTHING, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0u);
+    if p.pass_ > 0u {
+        s0 = load_state(sbase + 16u * rd);
+    }
+    let word = lid % 16u;
+    let maxing = s0.pending == MAXP;
+    var acc = select(0.0, bitcast<f32>(NEG_INF), maxing);
+    if s0.pending != NOTHING {
+        for (var q = lid / 16u; q < p.groups; q += 16u) {
+            let v = scratch[sbase + prev + 16u * q + word];
+            acc = select(acc + v, max(acc, v), maxing);
+        }
+    }
+    part[lid] = acc;
+    workgroupBarrier();
+    if lid == 0u {
+        for (var j = 0u; j < 16u; j++) {
+            var t = part[j];
+            for (var q = 1u; q < 16u; q++) {
+                let v = part[j + 16u * q];
+                t = select(t + v, max(t, v), maxing);
+            }
+            part[j] = t;
+        }
+        if p.pass_ > 0u {
+            st = derive(s0, top_k, top_p, none_cut);
+        } else {
+            st = s0;
+        }
+    }
+    let s = workgroupUniformLoad(&st);
+
+    if s.phase == DONE {
+        if g == 0u && lid == 0u {
+            var cut = s.cut;
+            if min_p > 0.0 && cut > bitcast<f32>(NEG_INF) {
+                cut = max(cut, s.m + log(min_p));
+            }
+            out[row] = select(cut, bitcast<f32>(NEG_INF), none_cut || !(s.m > bitcast<f32>(NEG_INF)));
+            var n = s;
+            n.pending = NOTHING;
+            store_state(sbase + 16u * wr, n);
+        }
+        return;
+    }
+
+    // this pass's thresholds
+    var lo = s.cut;
+    var ta = vec4<f32>(s.cut);
+    var tb = vec4<f32>(s.cut);
+    if s.phase == KSEARCH || s.phase == PSEARCH {
+        lo = s.lo;
+        ta = vec4<f32>(threshold(s.lo, s.hi, 0u), threshold(s.lo, s.hi, 1u), threshold(s.lo, s.hi, 2u), threshold(s.lo, s.hi, 3u));
+        tb = vec4<f32>(threshold(s.lo, s.hi, 4u), threshold(s.lo, s.hi, 5u), threshold(s.lo, s.hi, 6u), s.hi);
+    }
+    let mass = s.phase == PINIT || s.phase == PSEARCH;
     let base = row * p.vocab;
-
+    let first = g * CHUNK;
     var mx = bitcast<f32>(NEG_INF);
-    for (var i0 = lid; i0 < p.vocab; i0 += 256u * UNROLL) {
-        var v: array<f32, UNROLL>;
-        for (var u = 0u; u < UNROLL; u++) {
-            let i = i0 + 256u * u;
-            v[u] = select(bitcast<f32>(NEG_INF), logits[base + min(i, p.vocab - 1u)], i < p.vocab);
-        }
-        for (var u = 0u; u < UNROLL; u++) {
-            let s = v[u] * inv_t;
-            if s == s {
-                mx = max(mx, s);
-            }
-        }
+    var ca = vec4<f32>(0.0);
+    var cb = vec4<f32>(0.0);
+    var qa = vec4<f32>(0.0);
+    var qb = vec4<f32>(0.0);
+    var v: array<f32, UNROLL>;
+    for (var u = 0u; u < UNROLL; u++) {
+        let i = first + lid + 256u * u;
+        v[u] = select(bitcast<f32>(NEG_INF), logits[base + min(i, p.vocab - 1u)], i < p.vocab);
     }
-    red[lid] = array<vec4<f32>, 4>(vec4<f32>(mx), vec4<f32>(mx), vec4<f32>(mx), vec4<f32>(mx));
-    let m = tree(lid, 0u).ca.x;
-    let none = inv_t == 0.0 || (top_k == 0u && top_p >= 1.0 && min_p <= 0.0) || !(m > bitcast<f32>(NEG_INF));
-    let floor = m - REACH;
-    let all = vec4<f32>(floor);
-    var cut = floor;
-
-    // top-k: the highest t with at least k entries at or above it
-    if !none && top_k > 0u {
-        let k = f32(top_k);
-        var c_lo = above(base, inv_t, floor, all, all, m, false, lid).ca.x;
-        if c_lo > k {
-            var lo = floor;
-            var hi = m;
-            for (var it = 0u; it < p.passes; it++) {
-                if c_lo == k {
-                    break;
-                }
-                let w = (hi - lo) * 0.125;
-                let ta = cuts_a(lo, w);
-                let tb = cuts_b(lo, w, hi);
-                let r = above(base, inv_t, lo, ta, tb, m, false, lid);
-                // how many of the 7 thresholds keep at least k
-                let n = dot(select(vec4<f32>(0.0), vec4<f32>(1.0), r.ca >= vec4<f32>(k)), vec4<f32>(1.0))
-                    + dot(select(vec4<f32>(0.0), vec4<f32>(1.0, 1.0, 1.0, 0.0), r.cb >= vec4<f32>(k)), vec4<f32>(1.0));
-                let j = u32(n);
-                if j > 0u {
-                    lo = at(ta, tb, j - 1u);
-                    c_lo = at(r.ca, r.cb, j - 1u);
-                }
-                if j < 7u {
-                    hi = at(ta, tb, j);
-                }
+    for (var u = 0u; u < UNROLL; u++) {
+        let x = v[u] * inv_t;
+        if s.phase == MAXP {
+            if x == x {
+                mx = max(mx, x);
             }
-            cut = lo;
+        } else if x >= lo {
+            let e = select(0.0, exp(x - s.m), mass);
+            let ga = select(vec4<f32>(0.0), vec4<f32>(1.0), vec4<f32>(x) >= ta);
+            let gb = select(vec4<f32>(0.0), vec4<f32>(1.0), vec4<f32>(x) >= tb);
+            ca += ga;
+            cb += gb;
+            qa += ga * e;
+            qb += gb * e;
         }
     }
-
-    // top-p: the highest t whose entries hold top_p of what top-k kept
-    if !none && top_p < 1.0 {
-        let c0 = vec4<f32>(cut);
-        let r0 = above(base, inv_t, cut, c0, c0, m, true, lid);
-        let goal = top_p * r0.qa.x;
-        var lo = cut;
-        var hi = m;
-        var c_lo = r0.ca.x;
-        var c_hi = -1.0;
-        for (var it = 0u; it < p.passes; it++) {
-            if c_lo == c_hi {
-                break;
-            }
-            let w = (hi - lo) * 0.125;
-            let ta = cuts_a(lo, w);
-            let tb = cuts_b(lo, w, hi);
-            let r = above(base, inv_t, lo, ta, tb, m, true, lid);
-            let n = dot(select(vec4<f32>(0.0), vec4<f32>(1.0), r.qa >= vec4<f32>(goal)), vec4<f32>(1.0))
-                + dot(select(vec4<f32>(0.0), vec4<f32>(1.0, 1.0, 1.0, 0.0), r.qb >= vec4<f32>(goal)), vec4<f32>(1.0));
-            let j = u32(n);
-            if j > 0u {
-                lo = at(ta, tb, j - 1u);
-                c_lo = at(r.ca, r.cb, j - 1u);
-            }
-            if j < 7u {
-                hi = at(ta, tb, j);
-                c_hi = at(r.ca, r.cb, j);
+    if s.phase == MAXP {
+        red[lid] = array<vec4<f32>, 4>(vec4<f32>(mx), vec4<f32>(mx), vec4<f32>(mx), vec4<f32>(mx));
+    } else {
+        red[lid] = array<vec4<f32>, 4>(ca, cb, qa, qb);
+    }
+    let op_max = s.phase == MAXP;
+    for (var k = 128u; k > 0u; k >>= 1u) {
+        workgroupBarrier();
+        if lid < k {
+            for (var j = 0u; j < 4u; j++) {
+                let a = red[lid][j];
+                let b = red[lid + k][j];
+                red[lid][j] = select(a + b, max(a, b), op_max);
             }
         }
-        cut = lo;
     }
-    if min_p > 0.0 {
-        cut = max(cut, m + log(min_p));
+    workgroupBarrier();
+    if lid < 16u {
+        // counts at 1-7 in words 0-6, masses at 1-7 in words 8-14
+        let r = red[0];
+        var val = 0.0;
+        if lid < 7u {
+            val = select(r[1][lid & 3u], r[0][lid & 3u], lid < 4u);
+        } else if lid >= 8u && lid < 15u {
+            let j = lid - 8u;
+            val = select(r[3][j & 3u], r[2][j & 3u], j < 4u);
+        }
+        scratch[sbase + slot + 16u * g + lid] = val;
     }
-    if lid == 0u && g < p.rows {
-        out[row] = select(cut, bitcast<f32>(NEG_INF), none);
+    if g == 0u && lid == 0u {
+        var n = s;
+        n.pending = s.phase;
+        store_state(sbase + 16u * wr, n);
     }
 }
