@@ -184,3 +184,43 @@ fn the_draw_kernels_translate_to_msl_and_spirv() {
         assert_eq!(words[0], 0x0723_0203, "{name}");
     }
 }
+
+/// Many rows of a larger vocabulary: each workgroup of the cut search
+/// walks several steps of its row (130 rows of 5,000 share one workgroup a
+/// row), and every device keeps what the CPU keeps.
+#[test]
+fn cuts_of_many_rows_keep_what_the_cpu_keeps() {
+    let (rows, vocab) = (130usize, 5000usize);
+    let logits = Tensor::randn(&[rows, vocab], DType::F32, 11, &silica::Device::cpu())
+        .unwrap()
+        .mul_scalar(2.0)
+        .unwrap();
+    let draws: Vec<RowDraw> = (0..rows as u64)
+        .map(|r| RowDraw {
+            inv_temperature: 1.0 / (0.5 + 0.1 * (r % 7) as f32),
+            key: r,
+            counter: 0,
+            top_k: [0, 1, 40, 300][r as usize % 4],
+            top_p: [1.0, 0.9, 0.5][r as usize % 3],
+            min_p: [0.0, 0.0, 0.05][r as usize % 3],
+        })
+        .collect();
+    let l: Vec<f32> = logits.to_vec().unwrap();
+    let kept = |r: usize, cut: f32| {
+        let inv_t = draws[r].inv_temperature;
+        l[r * vocab..(r + 1) * vocab]
+            .iter()
+            .filter(|&&v| v * inv_t >= cut)
+            .count()
+    };
+    let want: Vec<f32> = row_cuts(&logits, &draws).unwrap().to_vec().unwrap();
+    for dev in tiny_llama::devices().into_iter().skip(1) {
+        let got: Vec<f32> = row_cuts(&logits.to_device(&dev).unwrap(), &draws)
+            .unwrap()
+            .to_vec()
+            .unwrap();
+        for r in 0..rows {
+            assert_eq!(kept(r, got[r]), kept(r, want[r]), "{dev:?}: row {r}");
+        }
+    }
+}

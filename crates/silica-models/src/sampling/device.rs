@@ -114,18 +114,30 @@ pub fn row_cuts(logits: &Tensor, rows: &[RowDraw]) -> Result<Tensor> {
 fn cuts_of(logits: &Tensor, words: &Tensor) -> Result<Tensor> {
     let rows = logits.shape().first().copied().unwrap_or(0);
     let vocab = logits.shape().get(1).copied().unwrap_or(0);
-    let mut scratch = Tensor::zeros(&[rows, scratch_words(vocab)], DType::F32, logits.device())?;
+    let (groups, _) = split(rows, vocab);
+    let mut scratch = Tensor::zeros(&[rows, scratch_words(groups)], DType::F32, logits.device())?;
     custom::apply_in_place(&RowCuts, &[logits, words], &mut [&mut scratch])
 }
 
-/// Entries of a row each workgroup of `row_cut.wgsl` reads (256 threads,
-/// 8 loads each).
-const CHUNK: usize = 2048;
+/// Entries a thread of `row_cut.wgsl` reads at once (256 threads, 8 loads
+/// each): a workgroup's share of a row is a multiple of this.
+const STEP: usize = 2048;
 
-/// Scratch words a row of `vocab` entries needs: two states of 16 words,
-/// two slots of 16 partials per workgroup.
-fn scratch_words(vocab: usize) -> usize {
-    32 + 32 * vocab.div_ceil(CHUNK).max(1)
+/// Workgroups a pass of `row_cut.wgsl` aims at over all rows: one row
+/// spreads over many, many rows over fewer each.
+const PASS_GROUPS: usize = 256;
+
+/// Workgroups per row and entries each reads, for `rows` rows of `vocab`.
+fn split(rows: usize, vocab: usize) -> (usize, usize) {
+    let steps = vocab.div_ceil(STEP).max(1);
+    let groups = steps.min((PASS_GROUPS / rows.max(1)).max(1));
+    (groups, steps.div_ceil(groups) * STEP)
+}
+
+/// Scratch words a row needs with `groups` workgroups: two states of 16
+/// words, two slots of 16 partials per workgroup.
+fn scratch_words(groups: usize) -> usize {
+    32 + 32 * groups
 }
 
 /// Passes of a search for a threshold, each narrowing it 8 times: past
@@ -235,7 +247,7 @@ impl CustomOp for RowCuts {
 
     fn output(&self, inputs: &[&Tensor], in_place: &[&Tensor]) -> Result<(Vec<usize>, DType)> {
         let rows = check_rows("row_cut", inputs[0], inputs[1])?;
-        let want = [rows, scratch_words(inputs[0].shape()[1])];
+        let want = [rows, scratch_words(split(rows, inputs[0].shape()[1]).0)];
         match in_place {
             [s] if s.shape() == want && s.dtype() == DType::F32 => Ok((vec![rows], DType::F32)),
             _ => Err(silica::Error::InvalidArgument {
@@ -262,21 +274,22 @@ impl CustomOp for RowCuts {
             return Ok(false);
         };
         let (rows, vocab) = (*rows, *vocab);
-        let chunks = vocab.div_ceil(CHUNK).max(1);
-        if rows > 65_535 || chunks > 65_535 {
+        let (groups, chunk) = split(rows, vocab);
+        if rows > 65_535 || groups > 65_535 {
             return Ok(false);
         }
-        let stride = scratch_words(vocab) as u32;
+        let stride = scratch_words(groups) as u32;
         for pass in 0..2 * PASSES + 5 {
             let params = custom::params(&[
                 rows as u32,
                 vocab as u32,
-                chunks as u32,
+                groups as u32,
                 pass,
                 PASSES,
                 stride,
+                chunk as u32,
             ]);
-            call.dispatch(&ROW_CUT, &params, [chunks as u32, rows as u32, 1])?;
+            call.dispatch(&ROW_CUT, &params, [groups as u32, rows as u32, 1])?;
         }
         Ok(true)
     }

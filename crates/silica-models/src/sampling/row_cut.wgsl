@@ -2,8 +2,8 @@
 // row's entries are cut (top-k over counts, then top-p over masses, then
 // min-p), -inf where the row is not cut: the same searches as `cut_of` in
 // sampling/device.rs, spread over the row. The op dispatches this kernel
-// 2 * passes + 5 times; dispatch `pass` has one workgroup per 2,048
-// entries of each row (x) and row (y). Each dispatch first derives the
+// 2 * passes + 5 times; dispatch `pass` has `groups` workgroups per row
+// (x), each reading `chunk` entries, and a row per y. Each dispatch first derives the
 // search's state from the state and the per-workgroup partial counts and
 // masses that the one before left in `scratch`, then computes its own
 // partials: the maximum (pass 0), the count (top-k) or count and mass
@@ -17,13 +17,15 @@
 struct Params {
     rows: u32,
     vocab: u32,
-    // workgroups along x: one per CHUNK entries of a row
+    // workgroups along x: one per `chunk` entries of a row
     groups: u32,
     pass_: u32,
     // passes of a search at most
     passes: u32,
     // scratch words per row: 2 states of 16, then 2 slots of partials
     stride: u32,
+    // entries of a row each workgroup reads, a multiple of 256 * UNROLL
+    chunk: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -36,7 +38,6 @@ struct Params {
 const REACH: f32 = 80.0;
 const NEG_INF: u32 = 0xff800000u;
 const UNROLL: u32 = 8u;
-const CHUNK: u32 = 2048u;
 
 // phases: the work of a pass, and which partials a pass left
 const MAXP: u32 = 0u;
@@ -65,6 +66,7 @@ var<workgroup> st: State;
 var<workgroup> red: array<array<vec4<f32>, 4>, 256>;
 // the previous pass's partials, a sixteenth of the workgroups a thread
 var<workgroup> part: array<f32, 256>;
+var<workgroup> total: array<f32, 16>;
 
 fn load_state(at: u32) -> State {
     return State(
@@ -98,14 +100,14 @@ fn after_k(top_p: f32) -> u32 {
     return select(DONE, PINIT, top_p < 1.0);
 }
 
-// The state for this pass from the one before and the totals `part` holds
+// The state for this pass from the one before and the totals `total` holds
 // at 0..15 (counts at thresholds 1-7, then masses at 1-7; the maximum at 0).
 fn derive(s0: State, top_k: u32, top_p: f32, none_cut: bool) -> State {
     var s = s0;
     let k = f32(top_k);
     switch s.pending {
         case MAXP: {
-            s.m = part[0];
+            s.m = total[0];
             s.cut = s.m - REACH;
             let none = none_cut || !(s.m > bitcast<f32>(NEG_INF));
             if none {
@@ -118,10 +120,10 @@ fn derive(s0: State, top_k: u32, top_p: f32, none_cut: bool) -> State {
             }
         }
         case KINIT: {
-            if part[0] > k {
+            if total[0] > k {
                 s.lo = s.cut;
                 s.hi = s.m;
-                s.c_lo = part[0];
+                s.c_lo = total[0];
                 s.it = 0u;
                 s.phase = KSEARCH;
             } else {
@@ -131,13 +133,13 @@ fn derive(s0: State, top_k: u32, top_p: f32, none_cut: bool) -> State {
         case KSEARCH: {
             var n = 0u;
             for (var j = 0u; j < 7u; j++) {
-                n += u32(part[j] >= k);
+                n += u32(total[j] >= k);
             }
             let lo = s.lo;
             let hi = s.hi;
             if n > 0u {
                 s.lo = threshold(lo, hi, n - 1u);
-                s.c_lo = part[n - 1u];
+                s.c_lo = total[n - 1u];
             }
             if n < 7u {
                 s.hi = threshold(lo, hi, n);
@@ -149,10 +151,10 @@ fn derive(s0: State, top_k: u32, top_p: f32, none_cut: bool) -> State {
             }
         }
         case PINIT: {
-            s.goal = top_p * part[8];
+            s.goal = top_p * total[8];
             s.lo = s.cut;
             s.hi = s.m;
-            s.c_lo = part[0];
+            s.c_lo = total[0];
             s.c_hi = -1.0;
             s.it = 0u;
             s.phase = PSEARCH;
@@ -160,17 +162,17 @@ fn derive(s0: State, top_k: u32, top_p: f32, none_cut: bool) -> State {
         case PSEARCH: {
             var n = 0u;
             for (var j = 0u; j < 7u; j++) {
-                n += u32(part[8u + j] >= s.goal);
+                n += u32(total[8u + j] >= s.goal);
             }
             let lo = s.lo;
             let hi = s.hi;
             if n > 0u {
                 s.lo = threshold(lo, hi, n - 1u);
-                s.c_lo = part[n - 1u];
+                s.c_lo = total[n - 1u];
             }
             if n < 7u {
                 s.hi = threshold(lo, hi, n);
-                s.c_hi = part[n];
+                s.c_hi = total[n];
             }
             s.it += 1u;
             if s.c_lo == s.c_hi || s.it >= p.passes {
@@ -229,15 +231,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     part[lid] = acc;
     workgroupBarrier();
-    if lid == 0u {
-        for (var j = 0u; j < 16u; j++) {
-            var t = part[j];
-            for (var q = 1u; q < 16u; q++) {
-                let v = part[j + 16u * q];
-                t = select(t + v, max(t, v), maxing);
-            }
-            part[j] = t;
+    if lid < 16u {
+        var t = part[lid];
+        for (var q = 1u; q < 16u; q++) {
+            let v = part[lid + 16u * q];
+            t = select(t + v, max(t, v), maxing);
         }
+        total[lid] = t;
+    }
+    workgroupBarrier();
+    if lid == 0u {
         if p.pass_ > 0u {
             st = derive(s0, top_k, top_p, none_cut);
         } else {
@@ -271,31 +274,34 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     let mass = s.phase == PINIT || s.phase == PSEARCH;
     let base = row * p.vocab;
-    let first = g * CHUNK;
+    let first = g * p.chunk;
+    let end = min(first + p.chunk, p.vocab);
     var mx = bitcast<f32>(NEG_INF);
     var ca = vec4<f32>(0.0);
     var cb = vec4<f32>(0.0);
     var qa = vec4<f32>(0.0);
     var qb = vec4<f32>(0.0);
-    var v: array<f32, UNROLL>;
-    for (var u = 0u; u < UNROLL; u++) {
-        let i = first + lid + 256u * u;
-        v[u] = select(bitcast<f32>(NEG_INF), logits[base + min(i, p.vocab - 1u)], i < p.vocab);
-    }
-    for (var u = 0u; u < UNROLL; u++) {
-        let x = v[u] * inv_t;
-        if s.phase == MAXP {
-            if x == x {
-                mx = max(mx, x);
+    for (var i0 = first + lid; i0 < end; i0 += 256u * UNROLL) {
+        var v: array<f32, UNROLL>;
+        for (var u = 0u; u < UNROLL; u++) {
+            let i = i0 + 256u * u;
+            v[u] = select(bitcast<f32>(NEG_INF), logits[base + min(i, p.vocab - 1u)], i < end);
+        }
+        for (var u = 0u; u < UNROLL; u++) {
+            let x = v[u] * inv_t;
+            if s.phase == MAXP {
+                if x == x {
+                    mx = max(mx, x);
+                }
+            } else if x >= lo {
+                let e = select(0.0, exp(x - s.m), mass);
+                let ga = select(vec4<f32>(0.0), vec4<f32>(1.0), vec4<f32>(x) >= ta);
+                let gb = select(vec4<f32>(0.0), vec4<f32>(1.0), vec4<f32>(x) >= tb);
+                ca += ga;
+                cb += gb;
+                qa += ga * e;
+                qb += gb * e;
             }
-        } else if x >= lo {
-            let e = select(0.0, exp(x - s.m), mass);
-            let ga = select(vec4<f32>(0.0), vec4<f32>(1.0), vec4<f32>(x) >= ta);
-            let gb = select(vec4<f32>(0.0), vec4<f32>(1.0), vec4<f32>(x) >= tb);
-            ca += ga;
-            cb += gb;
-            qa += ga * e;
-            qb += gb * e;
         }
     }
     if s.phase == MAXP {
