@@ -5,7 +5,7 @@ use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
 use crate::llama::Llama;
-use crate::sampling::{RowDraw, Sampler, draw_rows};
+use crate::sampling::{Sampler, draw_rows, penalize};
 use crate::tokenizer::{TokenStream, Tokenizer};
 use crate::{Error, Result};
 
@@ -52,12 +52,12 @@ pub fn check_prompt(tokens: usize, context: usize) -> Result<()> {
 }
 
 /// The next token, picked from logits `[1, vocab]` (f32, on the model's
-/// device). For plain greedy decoding the argmax runs on the device, and
-/// so does a draw at a temperature without a repetition penalty
-/// ([`crate::sampling::Sampler::device_draw_on`],
-/// [`crate::sampling::draw_rows`]), so that 4 bytes come back instead of
-/// the vocabulary's logits, and the token stays there too: the next step
-/// can be queued on it before it is read.
+/// device). Greedy decoding takes the argmax on the device, and a draw at a
+/// temperature runs there too, as does a repetition penalty on a GPU
+/// ([`crate::sampling::Sampler::device_pick_on`],
+/// [`crate::sampling::penalize`], [`crate::sampling::draw_rows`]), so that
+/// 4 bytes come back instead of the vocabulary's logits, and the token
+/// stays there too: the next step can be queued on it before it is read.
 enum Pick {
     Ready(u32),
     /// the token `[1]` on the device, and its read-back under way
@@ -66,15 +66,24 @@ enum Pick {
 
 impl Pick {
     /// The pick of the `counter`-th generated token (0 for the first).
+    /// `in_flight`: the token picked on the device before this one and not
+    /// in `history` yet, which a repetition penalty counts too.
     fn new(
         sampler: &mut Sampler,
         logits: &silica::Tensor,
         history: &[u32],
         counter: usize,
+        in_flight: Option<&silica::Tensor>,
     ) -> Result<Pick> {
-        let draw = sampler.device_draw_on(counter as u64, logits.device());
-        if sampler.is_argmax() || draw.is_some() {
-            let row = draw.unwrap_or(RowDraw::argmax());
+        if let Some((row, penalty)) = sampler.device_pick_on(counter as u64, logits.device()) {
+            let penalized;
+            let logits = match penalty {
+                Some(p) => {
+                    penalized = penalize(logits, history, in_flight, p)?;
+                    &penalized
+                }
+                None => logits,
+            };
             let id = draw_rows(logits, &[row])?.reshape(&[1])?;
             let read = id.read_later()?;
             return Ok(Pick::Device(id, Box::new(read)));
@@ -135,7 +144,7 @@ pub fn generate(
         let builder = build.then(|| s.spawn(|| model.build_decode_kernels(prompt.len())));
         let logits = model.forward(prompt, &mut cache, true)?;
         stats.prefill_record_time = t0.elapsed();
-        let pick = Pick::new(sampler, &logits, &history, 0);
+        let pick = Pick::new(sampler, &logits, &history, 0, None);
         if let Some(Ok(Err(e))) = builder.map(|b| b.join()) {
             // the first step builds whatever is missing
             tracing::debug!("building the decode kernels ahead failed: {e}");
@@ -160,12 +169,12 @@ pub fn generate(
                     && cache.len() < context =>
             {
                 let logits = model.forward_ids(id, &mut cache, true)?;
-                // a device pick needs no history
                 Some(Pick::new(
                     sampler,
                     &logits,
                     &history,
                     stats.generated_tokens + 1,
+                    Some(id),
                 )?)
             }
             _ => None,
@@ -211,7 +220,7 @@ pub fn generate(
             Some(pick) => pick,
             None => {
                 let logits = model.forward(&[next], &mut cache, true)?;
-                Pick::new(sampler, &logits, &history, stats.generated_tokens)?
+                Pick::new(sampler, &logits, &history, stats.generated_tokens, None)?
             }
         };
     }

@@ -5,7 +5,7 @@
 use rand::{Rng, SeedableRng};
 
 mod device;
-pub use device::{RowDraw, draw_rows, row_cuts};
+pub use device::{RowDraw, draw_rows, penalize, row_cuts};
 
 /// How to pick tokens. `temperature == 0` is greedy (the other settings
 /// then only matter through the repetition penalty).
@@ -68,15 +68,48 @@ impl Sampler {
     }
 
     pub fn device_draw(&self, counter: u64) -> Option<RowDraw> {
+        (self.params.repetition_penalty == 1.0)
+            .then(|| self.row(counter))
+            .filter(|r| r.inv_temperature > 0.0)
+    }
+
+    /// How this sampler picks its `counter`-th token on `device`, where it
+    /// can: the row's draw (the argmax for greedy samplers) and the
+    /// repetition penalty to apply first ([`crate::sampling::penalize`]),
+    /// which only a GPU takes (on the CPU the host sampler is as fast).
+    /// `None` where the pick is the host's.
+    pub fn device_pick_on(
+        &self,
+        counter: u64,
+        device: &silica::Device,
+    ) -> Option<(RowDraw, Option<f32>)> {
         let p = &self.params;
-        (p.temperature > 0.0 && p.repetition_penalty == 1.0).then(|| RowDraw {
+        if p.repetition_penalty == 1.0 {
+            if self.is_argmax() {
+                return Some((RowDraw::argmax(), None));
+            }
+            return self.device_draw_on(counter, device).map(|d| (d, None));
+        }
+        device
+            .is_gpu()
+            .then(|| (self.row(counter), Some(p.repetition_penalty)))
+    }
+
+    /// The draw of the `counter`-th token, the penalty aside (the argmax
+    /// for a temperature of 0).
+    fn row(&self, counter: u64) -> RowDraw {
+        let p = &self.params;
+        if p.temperature <= 0.0 {
+            return RowDraw::argmax();
+        }
+        RowDraw {
             inv_temperature: 1.0 / p.temperature,
             key: p.seed,
             counter,
             top_k: u32::try_from(p.top_k).unwrap_or(u32::MAX),
             top_p: p.top_p,
             min_p: p.min_p,
-        })
+        }
     }
 
     /// Picks the next token from `logits` (one per vocabulary entry), given

@@ -6,7 +6,7 @@
 mod tiny_llama;
 
 use silica::{DType, Tensor};
-use silica_models::sampling::{RowDraw, draw_rows, row_cuts};
+use silica_models::sampling::{RowDraw, draw_rows, penalize, row_cuts};
 
 #[test]
 fn every_device_draws_the_cpu_tokens() {
@@ -221,6 +221,80 @@ fn cuts_of_many_rows_keep_what_the_cpu_keeps() {
             .unwrap();
         for r in 0..rows {
             assert_eq!(kept(r, got[r]), kept(r, want[r]), "{dev:?}: row {r}");
+        }
+    }
+}
+
+/// The repetition penalty on every device gives the CPU's logits, and a
+/// GPU's `generate` with a penalty picks its tokens there: replayed step by
+/// step (penalty over the prompt and the tokens so far, then the draw)
+/// they are the same, greedy and at a temperature.
+#[test]
+fn generation_with_a_repetition_penalty_picks_on_a_gpu() {
+    use silica_models::generate::generate;
+    use silica_models::sampling::{Sampler, SamplingParams};
+    let vocab = 3000;
+    let logits = Tensor::randn(&[1, vocab], DType::F32, 21, &silica::Device::cpu())
+        .unwrap()
+        .mul_scalar(3.0)
+        .unwrap();
+    let seen: Vec<u32> = (0..400).map(|i| (i * 37 % 700) as u32).collect();
+    let flight = Tensor::from_vec(vec![5u32], &[1], &silica::Device::cpu()).unwrap();
+    let want: Vec<f32> = penalize(&logits, &seen, Some(&flight), 1.3)
+        .unwrap()
+        .to_vec()
+        .unwrap();
+    for dev in tiny_llama::devices().into_iter().skip(1) {
+        let f = flight.to_device(&dev).unwrap();
+        let got: Vec<f32> = penalize(&logits.to_device(&dev).unwrap(), &seen, Some(&f), 1.3)
+            .unwrap()
+            .to_vec()
+            .unwrap();
+        assert_eq!(got, want, "{dev:?}");
+    }
+    let file =
+        tiny_llama::TinyModelFile::write_quantized("penalty", &tiny_llama::Tiny::quantized());
+    let gguf = silica_models::gguf::GgufFile::open(&file.path).unwrap();
+    let tok = silica_models::tokenizer::Tokenizer::from_gguf(&gguf).unwrap();
+    let prompt = tok.encode("a b c d", true).unwrap();
+    for dev in tiny_llama::devices().into_iter().filter(|d| d.is_gpu()) {
+        let model = silica_models::llama::Llama::load(&gguf, &dev, DType::F32).unwrap();
+        for temperature in [0.0, 40.0] {
+            let params = SamplingParams {
+                temperature,
+                repetition_penalty: 1.5,
+                seed: 3,
+                ..SamplingParams::greedy()
+            };
+            let sampler = Sampler::new(params.clone());
+            let (row, penalty) = sampler.device_pick_on(0, &dev).expect("a GPU pick");
+            assert_eq!(penalty, Some(1.5));
+            let tokens = generate(
+                &model,
+                &tok,
+                &prompt,
+                &mut Sampler::new(params.clone()),
+                12,
+                &[],
+                |_| std::ops::ControlFlow::Continue(()),
+            )
+            .unwrap()
+            .tokens;
+            assert_eq!(tokens.len(), 12, "{dev:?}");
+            let mut cache = model.new_cache();
+            let mut history = prompt.clone();
+            let mut l = model.forward(&prompt, &mut cache, true).unwrap();
+            for (k, &t) in tokens.iter().enumerate() {
+                let draw = RowDraw {
+                    counter: k as u64,
+                    ..row
+                };
+                let p = penalize(&l, &history, None, 1.5).unwrap();
+                let got: Vec<u32> = draw_rows(&p, &[draw]).unwrap().to_vec().unwrap();
+                assert_eq!(got[0], t, "{dev:?}, T {temperature}: token {k}");
+                history.push(t);
+                l = model.forward(&[t], &mut cache, true).unwrap();
+            }
         }
     }
 }

@@ -299,6 +299,139 @@ impl CustomOp for RowCuts {
     }
 }
 
+/// `logits` (`[vocab]` or `[1, vocab]`, f32, on any device) with a
+/// repetition penalty applied to the tokens `seen` (known on the host) and
+/// `in_flight` (a `[1]` u32 token picked on the device, not read back yet):
+/// an entry seen `c` times is divided by `penalty^c` where positive and
+/// multiplied by it where not, as the host sampler demotes a token once per
+/// occurrence. On a GPU the history travels as ids and the penalty runs
+/// there, so that the pick after it can stay on the device too.
+pub fn penalize(
+    logits: &Tensor,
+    seen: &[u32],
+    in_flight: Option<&Tensor>,
+    penalty: f32,
+) -> Result<Tensor> {
+    custom::expect_dtype("penalize", logits, DType::F32)?;
+    let vocab = logits.shape().last().copied().unwrap_or(0);
+    if logits.numel() != vocab || vocab == 0 {
+        return Err(silica::Error::InvalidArgument {
+            op: "penalize",
+            msg: format!("logits of shape {:?}, want one row", logits.shape()),
+        });
+    }
+    if !(penalty.is_finite() && penalty > 0.0) {
+        return Err(silica::Error::InvalidArgument {
+            op: "penalize",
+            msg: format!("penalty {penalty}, want a positive number"),
+        });
+    }
+    let dev = logits.device();
+    // an empty list is one id past the vocabulary, which counts nowhere
+    let mut ids = seen.to_vec();
+    if ids.is_empty() {
+        ids.push(u32::MAX);
+    }
+    let n = ids.len();
+    let ids = Tensor::from_vec(ids, &[n], dev)?;
+    let none;
+    let more = match in_flight {
+        Some(t) => t,
+        None => {
+            none = Tensor::from_vec(vec![u32::MAX], &[1], dev)?;
+            &none
+        }
+    };
+    let mut counts = Tensor::zeros(&[vocab], DType::U32, dev)?;
+    custom::apply_in_place(
+        &RepeatPenalty { penalty },
+        &[logits, &ids, more],
+        &mut [&mut counts],
+    )
+}
+
+/// [`penalize`]: inputs the logits, the seen ids `[n]` u32 and the ids in
+/// flight `[m]` u32; in place the counts `[vocab]` u32 of zeros, which it
+/// leaves zeros.
+struct RepeatPenalty {
+    penalty: f32,
+}
+
+static PENALTY_COUNT: WgslKernel = WgslKernel {
+    name: "penalty_count",
+    source: include_str!("penalty_count.wgsl"),
+    needs: KernelNeeds::NOTHING,
+};
+
+static PENALTY_APPLY: WgslKernel = WgslKernel {
+    name: "penalty_apply",
+    source: include_str!("penalty_apply.wgsl"),
+    needs: KernelNeeds::NOTHING,
+};
+
+/// `penalty^c` as `c - 1` products (the kernel's roundings).
+fn penalty_power(penalty: f32, c: u32) -> f32 {
+    (1..c).fold(penalty, |f, _| f * penalty)
+}
+
+impl CustomOp for RepeatPenalty {
+    fn name(&self) -> &'static str {
+        "repeat_penalty"
+    }
+
+    fn output(&self, inputs: &[&Tensor], in_place: &[&Tensor]) -> Result<(Vec<usize>, DType)> {
+        let vocab = inputs[0].shape().last().copied().unwrap_or(0);
+        custom::expect_dtype("repeat_penalty", inputs[0], DType::F32)?;
+        for t in &inputs[1..] {
+            custom::expect_dtype("repeat_penalty", t, DType::U32)?;
+        }
+        match in_place {
+            [c] if c.shape() == [vocab] && c.dtype() == DType::U32 => {
+                Ok((inputs[0].shape().to_vec(), DType::F32))
+            }
+            _ => Err(silica::Error::InvalidArgument {
+                op: "repeat_penalty",
+                msg: format!("wants counts [{vocab}] u32 updated in place"),
+            }),
+        }
+    }
+
+    fn cpu(&self, inputs: &[&Tensor], _counts: &mut [&mut Tensor]) -> Result<Tensor> {
+        let mut l: Vec<f32> = inputs[0].to_vec()?;
+        let mut counts = vec![0u32; l.len()];
+        for t in &inputs[1..] {
+            for id in t.to_vec::<u32>()? {
+                if let Some(c) = counts.get_mut(id as usize) {
+                    *c += 1;
+                }
+            }
+        }
+        for (v, &c) in l.iter_mut().zip(&counts) {
+            if c > 0 {
+                let f = penalty_power(self.penalty, c);
+                *v = if *v > 0.0 { *v / f } else { *v * f };
+            }
+        }
+        Tensor::from_vec(l, inputs[0].shape(), &Device::Cpu)
+    }
+
+    fn gpu(&self, call: &mut GpuCall<'_>) -> Result<bool> {
+        let vocab = call.inputs()[0].numel();
+        let (n, m) = (call.inputs()[1].numel(), call.inputs()[2].numel());
+        let groups = call.groups_for(n + m, 256)?;
+        let params = custom::params(&[n as u32, m as u32, vocab as u32, groups[0]]);
+        call.dispatch(&PENALTY_COUNT, &params, groups)?;
+        let groups = call.groups_for(vocab, 256)?;
+        let params = custom::params(&[vocab as u32, self.penalty.to_bits(), groups[0]]);
+        call.dispatch(&PENALTY_APPLY, &params, groups)?;
+        Ok(true)
+    }
+
+    fn tolerance(&self, dtype: DType, _: usize) -> Tolerance {
+        Tolerance::elementwise(dtype)
+    }
+}
+
 /// The rows of logits `[rows, vocab]` f32 against words `[rows, 8]` u32.
 fn check_rows(op: &'static str, logits: &Tensor, words: &Tensor) -> Result<usize> {
     custom::expect_dtype(op, logits, DType::F32)?;
@@ -533,6 +666,26 @@ mod tests {
             }
             assert_eq!(kept, n, "case {case}: k {top_k}, p {top_p}, cut at {cut}");
         }
+    }
+
+    /// The penalty demotes each seen token once per occurrence (the one
+    /// in flight included), divides positive logits and multiplies the
+    /// others, ignores ids past the vocabulary, and refuses bad operands.
+    #[test]
+    fn the_penalty_counts_each_occurrence() {
+        let l = Tensor::from_vec(vec![2.0f32, -1.0, 0.5, 4.0, 0.0], &[1, 5], &Device::Cpu).unwrap();
+        let flight = Tensor::from_vec(vec![3u32], &[1], &Device::Cpu).unwrap();
+        let got: Vec<f32> = penalize(&l, &[0, 1, 1, 99], Some(&flight), 2.0)
+            .unwrap()
+            .to_vec()
+            .unwrap();
+        assert_eq!(got, vec![1.0, -4.0, 0.5, 2.0, 0.0]);
+        let none: Vec<f32> = penalize(&l, &[], None, 2.0).unwrap().to_vec().unwrap();
+        assert_eq!(none, vec![2.0, -1.0, 0.5, 4.0, 0.0]);
+        let two = Tensor::from_vec(vec![0f32; 10], &[2, 5], &Device::Cpu).unwrap();
+        assert!(penalize(&two, &[1], None, 2.0).is_err());
+        assert!(penalize(&l, &[1], None, 0.0).is_err());
+        assert!(penalize(&l, &[1], None, f32::NAN).is_err());
     }
 
     /// With top-k, top-p and min-p, the draws come in the proportions the
