@@ -253,9 +253,11 @@ impl Context {
         };
         use std::sync::atomic::Ordering::Relaxed;
         let pipelines = lock(&self.pipelines);
+        // custom kernels are registered by the program as it runs, so a
+        // later process could not build them from the list
         let mut used: Vec<_> = pipelines
             .iter()
-            .filter(|(_, b)| b.used.load(Relaxed))
+            .filter(|(k, b)| b.used.load(Relaxed) && !k.name.starts_with("custom/"))
             .collect();
         // in the order they were built: a prompt's kernels first
         used.sort_by_key(|(_, b)| b.order);
