@@ -231,7 +231,8 @@ fn search(
 
 /// The thresholds of [`row_cuts`]: inputs the logits `[rows, vocab]` f32
 /// and each row's words `[rows, 8]` u32; in place a scratch `[rows,
-/// scratch_words(vocab)]` f32 of zeros, which it leaves zeros.
+/// scratch_words(groups)]` f32 of zeros (`groups` from [`split`]), which
+/// it leaves zeros.
 struct RowCuts;
 
 static ROW_CUT: WgslKernel = WgslKernel {

@@ -3,12 +3,12 @@
 // min-p), -inf where the row is not cut: the same searches as `cut_of` in
 // sampling/device.rs, spread over the row. The op dispatches this kernel
 // 2 * passes + 5 times; dispatch `pass` has `groups` workgroups per row
-// (x), each reading `chunk` entries, and a row per y. Each dispatch first derives the
-// search's state from the state and the per-workgroup partial counts and
-// masses that the one before left in `scratch`, then computes its own
-// partials: the maximum (pass 0), the count (top-k) or count and mass
-// (top-p) at the start of a search, or at the 7 thresholds that split the
-// search's interval into eighths. A search ends once no later pass can
+// (x), each reading `chunk` entries, and a row per y. Each dispatch first
+// derives the search's state from the state and the per-workgroup partial
+// counts and masses that the one before left in `scratch`, then computes
+// its own partials: the maximum (pass 0), the count (top-k) or count and
+// mass (top-p) at the start of a search, or at the 7 thresholds that split
+// the search's interval into eighths. A search ends once no later pass can
 // change which entries it keeps (top-k: exactly k at the low end; either:
 // no entry left between the ends) or after `passes` passes; the
 // dispatches after the row's cut is known only write it again, and the
