@@ -90,7 +90,7 @@ pub fn draw_rows(logits: &Tensor, rows: &[RowDraw]) -> Result<Tensor> {
     let words: Vec<u32> = rows.iter().flat_map(RowDraw::words).collect();
     let words = Tensor::from_vec(words, &[rows.len(), 8], logits.device())?;
     let cuts = if rows.iter().any(RowDraw::cuts) {
-        cuts_of(logits, &words)?
+        cuts_of(logits, &words, rows)?
     } else {
         Tensor::from_vec(
             vec![f32::NEG_INFINITY; rows.len()],
@@ -107,16 +107,25 @@ pub fn draw_rows(logits: &Tensor, rows: &[RowDraw]) -> Result<Tensor> {
 pub fn row_cuts(logits: &Tensor, rows: &[RowDraw]) -> Result<Tensor> {
     let words: Vec<u32> = rows.iter().flat_map(RowDraw::words).collect();
     let words = Tensor::from_vec(words, &[rows.len(), 8], logits.device())?;
-    cuts_of(logits, &words)
+    cuts_of(logits, &words, rows)
 }
 
-/// [`RowCuts`] with the scratch its kernel needs (zeros before and after).
-fn cuts_of(logits: &Tensor, words: &Tensor) -> Result<Tensor> {
+/// [`RowCuts`] of the rows `draws` describes (`words` theirs), with the
+/// scratch its kernel needs (zeros before and after).
+fn cuts_of(logits: &Tensor, words: &Tensor, draws: &[RowDraw]) -> Result<Tensor> {
+    let cuts = RowCuts {
+        top_k: draws
+            .iter()
+            .any(|r| r.inv_temperature != 0.0 && r.top_k > 0),
+        top_p: draws
+            .iter()
+            .any(|r| r.inv_temperature != 0.0 && r.top_p < 1.0),
+    };
     let rows = logits.shape().first().copied().unwrap_or(0);
     let vocab = logits.shape().get(1).copied().unwrap_or(0);
     let (groups, _) = split(rows, vocab);
     let mut scratch = Tensor::zeros(&[rows, scratch_words(groups)], DType::F32, logits.device())?;
-    custom::apply_in_place(&RowCuts, &[logits, words], &mut [&mut scratch])
+    custom::apply_in_place(&cuts, &[logits, words], &mut [&mut scratch])
 }
 
 /// Entries a thread of `row_cut.wgsl` reads at once (256 threads, 8 loads
@@ -233,7 +242,12 @@ fn search(
 /// and each row's words `[rows, 8]` u32; in place a scratch `[rows,
 /// scratch_words(groups)]` f32 of zeros (`groups` from [`split`]), which
 /// it leaves zeros.
-struct RowCuts;
+struct RowCuts {
+    /// Whether any row has a top-k cut (a search of it dispatched).
+    top_k: bool,
+    /// Whether any row has a top-p cut.
+    top_p: bool,
+}
 
 static ROW_CUT: WgslKernel = WgslKernel {
     name: "row_cut",
@@ -280,7 +294,11 @@ impl CustomOp for RowCuts {
             return Ok(false);
         }
         let stride = scratch_words(groups) as u32;
-        for pass in 0..2 * PASSES + 5 {
+        // the maximum, each search asked for (its start and its passes),
+        // the pass that writes the cuts, then the clear
+        let searches = u32::from(self.top_k) + u32::from(self.top_p);
+        let passes = (0..2 + searches * (1 + PASSES)).chain([u32::MAX]);
+        for pass in passes {
             let params = custom::params(&[
                 rows as u32,
                 vocab as u32,

@@ -2,7 +2,9 @@
 // row's entries are cut (top-k over counts, then top-p over masses, then
 // min-p), -inf where the row is not cut: the same searches as `cut_of` in
 // sampling/device.rs, spread over the row. The op dispatches this kernel
-// 2 * passes + 5 times; dispatch `pass` has `groups` workgroups per row
+// once a pass (2, plus 1 + passes for top-k and for top-p where a row
+// asks for them), then once more to clear; dispatch `pass` has `groups`
+// workgroups per row
 // (x), each reading `chunk` entries, and a row per y. Each dispatch first
 // derives the search's state from the state and the per-workgroup partial
 // counts and masses that the one before left in `scratch`, then computes
@@ -47,6 +49,8 @@ const PINIT: u32 = 3u;
 const PSEARCH: u32 = 4u;
 const DONE: u32 = 5u;
 const NOTHING: u32 = 6u;
+// the pass that clears the scratch
+const CLEAR: u32 = 0xffffffffu;
 
 struct State {
     phase: u32,
@@ -194,7 +198,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let wr = 1u - rd;
     let slot = 32u + 16u * p.groups * rd;
     let prev = 32u + 16u * p.groups * wr;
-    if p.pass_ == 2u * p.passes + 4u {
+    if p.pass_ == CLEAR {
         // the last dispatch: the scratch back to zeros
         for (var i = lid; i < 16u; i += 256u) {
             scratch[sbase + 32u + 16u * g + i] = 0.0;
