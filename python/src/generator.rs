@@ -473,6 +473,7 @@ fn sampling(
             min_p,
             repetition_penalty,
             seed,
+            ..SamplingParams::greedy()
         },
         max_tokens,
         stop: stop_list(stop)?,

@@ -347,6 +347,7 @@ pub fn run(args: &GenerateArgs) -> Result<(), CliError> {
         min_p: args.min_p,
         repetition_penalty: args.repeat_penalty,
         seed: args.seed,
+        ..SamplingParams::greedy()
     });
     let mut decode_start: Option<Instant> = None;
     let mut prefill: Option<PrefillProfile> = None;

@@ -390,6 +390,19 @@ fn bad_requests_get_openai_errors() {
         "temperature",
     );
     check_error(
+        &server.post("/v1/chat/completions", &chat(r#","frequency_penalty":2.5"#)),
+        400,
+        "frequency_penalty",
+    );
+    check_error(
+        &server.post(
+            "/v1/completions",
+            r#"{"prompt":"Hi","presence_penalty":-3}"#,
+        ),
+        400,
+        "presence_penalty",
+    );
+    check_error(
         &server.post("/v1/chat/completions", r#"{"messages":[]}"#),
         400,
         "empty",
@@ -413,6 +426,12 @@ fn bad_requests_get_openai_errors() {
     );
     assert_eq!(r.status, 200, "{}", r.body);
     assert!(r.json()["usage"]["completion_tokens"].as_u64().unwrap() <= 2);
+    // OpenAI's penalties are taken (applied by the host sampler)
+    let r = server.post(
+        "/v1/completions",
+        r#"{"prompt":"Hi","max_tokens":2,"temperature":0,"frequency_penalty":0.5,"presence_penalty":0.5}"#,
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
 
     let keyed = Server::start(&[
         "--device",

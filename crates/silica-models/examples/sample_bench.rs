@@ -27,8 +27,8 @@ fn main() {
             top_k,
             top_p,
             min_p,
-            repetition_penalty: 1.0,
             seed: 1,
+            ..SamplingParams::greedy()
         });
         let n = 200;
         let t = std::time::Instant::now();

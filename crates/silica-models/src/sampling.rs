@@ -20,6 +20,12 @@ pub struct SamplingParams {
     pub min_p: f32,
     /// Divide positive (multiply negative) logits of tokens already seen (1: off).
     pub repetition_penalty: f32,
+    /// Subtract this times the number of times a token was seen (0: off;
+    /// OpenAI's `frequency_penalty`).
+    pub frequency_penalty: f32,
+    /// Subtract this from the logit of every token seen (0: off; OpenAI's
+    /// `presence_penalty`).
+    pub presence_penalty: f32,
     pub seed: u64,
 }
 
@@ -32,8 +38,16 @@ impl SamplingParams {
             top_p: 1.0,
             min_p: 0.0,
             repetition_penalty: 1.0,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
             seed: 0,
         }
+    }
+
+    /// Whether a penalty other than the repetition penalty is set: those
+    /// are applied on the host only.
+    fn counts_seen(&self) -> bool {
+        self.frequency_penalty != 0.0 || self.presence_penalty != 0.0
     }
 }
 
@@ -52,7 +66,9 @@ impl Sampler {
     /// Greedy with no repetition penalty: the pick needs nothing but the
     /// position of the largest logit (which a device can find itself).
     pub fn is_argmax(&self) -> bool {
-        self.params.temperature <= 0.0 && self.params.repetition_penalty == 1.0
+        self.params.temperature <= 0.0
+            && self.params.repetition_penalty == 1.0
+            && !self.params.counts_seen()
     }
 
     /// The draw of [`draw_rows`] that gives this sampler's distribution
@@ -68,7 +84,7 @@ impl Sampler {
     }
 
     pub fn device_draw(&self, counter: u64) -> Option<RowDraw> {
-        (self.params.repetition_penalty == 1.0)
+        (self.params.repetition_penalty == 1.0 && !self.params.counts_seen())
             .then(|| self.row(counter))
             .filter(|r| r.inv_temperature > 0.0)
     }
@@ -84,6 +100,9 @@ impl Sampler {
         device: &silica::Device,
     ) -> Option<(RowDraw, Option<f32>)> {
         let p = &self.params;
+        if p.counts_seen() {
+            return None;
+        }
         if p.repetition_penalty == 1.0 {
             if self.is_argmax() {
                 return Some((RowDraw::argmax(), None));
@@ -125,6 +144,15 @@ impl Sampler {
                     } else {
                         *l * p.repetition_penalty
                     };
+                }
+            }
+        }
+        if p.counts_seen() {
+            let mut seen = history.to_vec();
+            seen.sort_unstable();
+            for run in seen.chunk_by(|a, b| a == b) {
+                if let Some(l) = logits.get_mut(run[0] as usize) {
+                    *l -= run.len() as f32 * p.frequency_penalty + p.presence_penalty;
                 }
             }
         }
@@ -319,6 +347,35 @@ mod tests {
             ..SamplingParams::greedy()
         };
         assert_eq!(Sampler::new(p).sample(&[3.0, 2.0], &[0]), 1);
+    }
+
+    /// OpenAI's frequency and presence penalties: a token seen c times
+    /// loses c * frequency + presence, and neither is drawn on a device.
+    #[test]
+    fn frequency_and_presence_penalties_subtract() {
+        let p = SamplingParams {
+            frequency_penalty: 1.0,
+            ..SamplingParams::greedy()
+        };
+        // 3.0 - 2 * 1.0 < 2.0 - 0
+        assert_eq!(Sampler::new(p.clone()).sample(&[3.0, 2.0], &[0, 0]), 1);
+        assert_eq!(Sampler::new(p).sample(&[3.0, 2.0], &[0]), 0);
+        let q = SamplingParams {
+            presence_penalty: 2.5,
+            temperature: 0.5,
+            ..SamplingParams::greedy()
+        };
+        let s = Sampler::new(q.clone());
+        assert!(!s.is_argmax());
+        assert!(s.device_draw(0).is_none());
+        assert!(s.device_pick_on(0, &silica::Device::Cpu).is_none());
+        // 3.0 - 2.5 against 2.0 at a temperature of 0.5: token 1 with
+        // probability e^4 / (e^1 + e^4) = 0.95
+        let mut s = Sampler::new(q);
+        let ones = (0..200)
+            .filter(|_| s.sample(&[3.0, 2.0], &[0, 0, 0]) == 1)
+            .count();
+        assert!(ones > 170, "{ones}");
     }
 
     #[test]

@@ -451,6 +451,8 @@ struct Sampling {
     top_k: Option<usize>,
     min_p: Option<f32>,
     repetition_penalty: Option<f32>,
+    frequency_penalty: Option<f32>,
+    presence_penalty: Option<f32>,
     max_tokens: Option<i64>,
     max_completion_tokens: Option<i64>,
     stop: Option<StopField>,
@@ -555,6 +557,14 @@ fn job(
     if !(top_p > 0.0 && top_p <= 1.0) {
         return Err(ApiError::bad("top_p must be above 0 and at most 1").param("top_p"));
     }
+    for (name, v) in [
+        ("frequency_penalty", s.frequency_penalty),
+        ("presence_penalty", s.presence_penalty),
+    ] {
+        if v.is_some_and(|v| !(-2.0..=2.0).contains(&v)) {
+            return Err(ApiError::bad(format!("{name} must be between -2 and 2")).param(name));
+        }
+    }
     let stop = match &s.stop {
         None => Vec::new(),
         Some(StopField::One(x)) => vec![x.clone()],
@@ -566,6 +576,8 @@ fn job(
         top_p,
         min_p: s.min_p.unwrap_or(0.0),
         repetition_penalty: s.repetition_penalty.unwrap_or(1.0),
+        frequency_penalty: s.frequency_penalty.unwrap_or(0.0),
+        presence_penalty: s.presence_penalty.unwrap_or(0.0),
         seed: s.seed.unwrap_or_else(|| {
             SystemTime::now()
                 .duration_since(UNIX_EPOCH)
