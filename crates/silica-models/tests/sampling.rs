@@ -144,7 +144,7 @@ fn generation_at_a_temperature_draws_on_the_device() {
     }
 }
 
-/// The draw's kernels parse, validate and translate to MSL (Metal) and
+/// The draw's and the penalty's kernels parse, validate and translate to MSL (Metal) and
 /// SPIR-V, as the library's own kernels do.
 #[test]
 fn the_draw_kernels_translate_to_msl_and_spirv() {
@@ -153,6 +153,8 @@ fn the_draw_kernels_translate_to_msl_and_spirv() {
     let sources = [
         ("gumbel", include_str!("../src/sampling/gumbel.wgsl")),
         ("row_cut", include_str!("../src/sampling/row_cut.wgsl")),
+        ("penalty_count", include_str!("../src/sampling/penalty_count.wgsl")),
+        ("penalty_apply", include_str!("../src/sampling/penalty_apply.wgsl")),
     ];
     for (name, source) in sources {
         let module = naga::front::wgsl::parse_str(source)

@@ -104,6 +104,27 @@ fn after_k(top_p: f32) -> u32 {
     return select(DONE, PINIT, top_p < 1.0);
 }
 
+// A search pass taken: the eighth of [lo, hi] whose low end is the last of
+// the 7 thresholds that hold (`total[at + j]` at least `want`), with the
+// counts at its ends.
+fn narrow(s0: State, at: u32, want: f32) -> State {
+    var s = s0;
+    var n = 0u;
+    for (var j = 0u; j < 7u; j++) {
+        n += u32(total[at + j] >= want);
+    }
+    if n > 0u {
+        s.lo = threshold(s0.lo, s0.hi, n - 1u);
+        s.c_lo = total[n - 1u];
+    }
+    if n < 7u {
+        s.hi = threshold(s0.lo, s0.hi, n);
+        s.c_hi = total[n];
+    }
+    s.it += 1u;
+    return s;
+}
+
 // The state for this pass from the one before and the totals `total` holds
 // at 0..15 (counts at thresholds 1-7, then masses at 1-7; the maximum at 0).
 fn derive(s0: State, top_k: u32, top_p: f32, none_cut: bool) -> State {
@@ -135,20 +156,7 @@ fn derive(s0: State, top_k: u32, top_p: f32, none_cut: bool) -> State {
             }
         }
         case KSEARCH: {
-            var n = 0u;
-            for (var j = 0u; j < 7u; j++) {
-                n += u32(total[j] >= k);
-            }
-            let lo = s.lo;
-            let hi = s.hi;
-            if n > 0u {
-                s.lo = threshold(lo, hi, n - 1u);
-                s.c_lo = total[n - 1u];
-            }
-            if n < 7u {
-                s.hi = threshold(lo, hi, n);
-            }
-            s.it += 1u;
+            s = narrow(s, 0u, k);
             if s.c_lo == k || s.it >= p.passes {
                 s.cut = s.lo;
                 s.phase = after_k(top_p);
@@ -164,21 +172,7 @@ fn derive(s0: State, top_k: u32, top_p: f32, none_cut: bool) -> State {
             s.phase = PSEARCH;
         }
         case PSEARCH: {
-            var n = 0u;
-            for (var j = 0u; j < 7u; j++) {
-                n += u32(total[8u + j] >= s.goal);
-            }
-            let lo = s.lo;
-            let hi = s.hi;
-            if n > 0u {
-                s.lo = threshold(lo, hi, n - 1u);
-                s.c_lo = total[n - 1u];
-            }
-            if n < 7u {
-                s.hi = threshold(lo, hi, n);
-                s.c_hi = total[n];
-            }
-            s.it += 1u;
+            s = narrow(s, 8u, s.goal);
             if s.c_lo == s.c_hi || s.it >= p.passes {
                 s.cut = s.lo;
                 s.phase = DONE;

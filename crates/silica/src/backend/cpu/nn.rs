@@ -11,7 +11,7 @@ use crate::{DType, Tensor};
 
 /// The elements of `t` as contiguous f32: borrowed where `t` is contiguous
 /// f32 already, a gathered copy otherwise.
-fn values(t: &Tensor) -> std::borrow::Cow<'_, [f32]> {
+pub(super) fn values(t: &Tensor) -> std::borrow::Cow<'_, [f32]> {
     match host(t) {
         CpuStorage::F32(v) if t.is_contiguous() => {
             let at = t.layout().offset();
@@ -22,7 +22,7 @@ fn values(t: &Tensor) -> std::borrow::Cow<'_, [f32]> {
 }
 
 /// Runs `f` on each output row of length `n` (in parallel when large).
-fn map_rows(out: &mut [f32], n: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
+pub(super) fn map_rows(out: &mut [f32], n: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
     if n == 0 {
         return;
     }

@@ -93,25 +93,12 @@ pub fn softmax(x: &Tensor, log: bool, out: DType) -> CpuStorage {
 /// scale by 1 / their sum in 16 lanes, written once into the output.
 fn softmax_fast(x: &Tensor, out: DType) -> CpuStorage {
     let n = *x.shape().last().unwrap_or(&0);
-    let data: std::borrow::Cow<'_, [f32]> = match host(x) {
-        CpuStorage::F32(v) if x.is_contiguous() => {
-            let at = x.layout().offset();
-            std::borrow::Cow::Borrowed(&v[at..at + x.numel()])
-        }
-        other => std::borrow::Cow::Owned(other.gather_f32(x.layout())),
-    };
+    let data = super::nn::values(x);
     let mut y = vec![0f32; data.len()];
-    if n > 0 {
-        let isa = crate::cpu_isa();
-        let row = |(r, o): (usize, &mut [f32])| {
-            super::attention::softmax_row(isa, &data[r * n..(r + 1) * n], o)
-        };
-        if y.len() >= PAR_MIN {
-            y.par_chunks_mut(n).enumerate().for_each(row);
-        } else {
-            y.chunks_mut(n).enumerate().for_each(row);
-        }
-    }
+    let isa = crate::cpu_isa();
+    super::nn::map_rows(&mut y, n, |r, o| {
+        super::attention::softmax_row(isa, &data[r * n..(r + 1) * n], o)
+    });
     CpuStorage::from_f32(y, out)
 }
 

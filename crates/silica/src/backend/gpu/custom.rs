@@ -10,6 +10,10 @@ use crate::custom::WgslKernel;
 use crate::memory::GpuBuffer;
 use crate::{DType, Error, Result, Tensor};
 
+/// How the pipelines of custom kernels are named, before the kernel's own
+/// name: a program registers them as it runs.
+pub(crate) const CUSTOM_PREFIX: &str = "custom/";
+
 /// One run of a custom op on a GPU: its operands, the output to produce,
 /// and the device to record kernels on.
 pub struct GpuCall<'a> {
@@ -201,7 +205,7 @@ fn register(kernel: &WgslKernel, inputs: usize, outputs: usize) -> Result<&'stat
         return Err(clash());
     }
     let name: &'static str =
-        Box::leak(format!("custom/{}/{inputs}/{outputs}", kernel.name).into_boxed_str());
+        Box::leak(format!("{CUSTOM_PREFIX}{}/{inputs}/{outputs}", kernel.name).into_boxed_str());
     let k: &'static Kernel = Box::leak(Box::new(Kernel {
         name,
         source: kernel.source,

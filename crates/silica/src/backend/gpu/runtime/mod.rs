@@ -257,7 +257,12 @@ impl Context {
         // later process could not build them from the list
         let mut used: Vec<_> = pipelines
             .iter()
-            .filter(|(k, b)| b.used.load(Relaxed) && !k.name.starts_with("custom/"))
+            .filter(|(k, b)| {
+                b.used.load(Relaxed)
+                    && !k
+                        .name
+                        .starts_with(crate::backend::gpu::custom::CUSTOM_PREFIX)
+            })
             .collect();
         // in the order they were built: a prompt's kernels first
         used.sort_by_key(|(_, b)| b.order);
