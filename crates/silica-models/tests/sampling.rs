@@ -144,8 +144,8 @@ fn generation_at_a_temperature_draws_on_the_device() {
     }
 }
 
-/// The draw's and the penalty's kernels parse, validate and translate to MSL (Metal) and
-/// SPIR-V, as the library's own kernels do.
+/// The draw's and the penalty's kernels parse, validate and translate to
+/// MSL (Metal) and SPIR-V, as the library's own kernels do.
 #[test]
 fn the_draw_kernels_translate_to_msl_and_spirv() {
     use naga::back::{msl, spv};
@@ -153,8 +153,14 @@ fn the_draw_kernels_translate_to_msl_and_spirv() {
     let sources = [
         ("gumbel", include_str!("../src/sampling/gumbel.wgsl")),
         ("row_cut", include_str!("../src/sampling/row_cut.wgsl")),
-        ("penalty_count", include_str!("../src/sampling/penalty_count.wgsl")),
-        ("penalty_apply", include_str!("../src/sampling/penalty_apply.wgsl")),
+        (
+            "penalty_count",
+            include_str!("../src/sampling/penalty_count.wgsl"),
+        ),
+        (
+            "penalty_apply",
+            include_str!("../src/sampling/penalty_apply.wgsl"),
+        ),
     ];
     for (name, source) in sources {
         let module = naga::front::wgsl::parse_str(source)
