@@ -204,7 +204,7 @@ fn cases(large: bool, cpu: bool) -> Vec<Case> {
             }
         }
     }
-    // quantized weights at 135M, 1B and 7B decode, and 1B prefill
+    // quantized weights at 135M, 1B and 7B decode, and 1B and Llama 3 8B prefill
     for format in [
         QuantFormat::Q4_0,
         QuantFormat::Q4_1,
@@ -218,6 +218,7 @@ fn cases(large: bool, cpu: bool) -> Vec<Case> {
             ("135m", 576, 1536, 49152, &[1][..]),
             ("1b", 2048, 8192, 128_256, &[1, 512][..]),
             ("7b", 4096, 11008, 32000, &[1][..]),
+            ("8b", 4096, 14336, 128_256, &[512][..]),
         ] {
             for &m in ms {
                 let phase = if m == 1 { "decode" } else { "prefill512" };

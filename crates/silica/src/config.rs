@@ -57,6 +57,14 @@ pub const MIN_COOP_ROWS: u32 = 9;
 /// cooperative-matrix kernel takes every f16 product.
 pub const MAX_COOP_ROWS: u32 = 64;
 
+/// Rows of f16 x from which a quantized product decodes its weights into
+/// f16 once and multiplies them on the f16 tensor-core kernels, where the
+/// adapter has them (docs/tuning.md, "Weights decoded for long prompts").
+pub const DEFAULT_DECODED_ROWS: u32 = 256;
+
+/// Fewest rows [`GpuOptions::decoded_rows`] takes besides 0 (off).
+pub const MIN_DECODED_ROWS: u32 = 64;
+
 /// How a GPU device is opened. [`GpuOptions::from_env`] gives the
 /// process's settings (what `Device::gpu` uses); [`Default`] gives every
 /// feature the adapter offers, whatever the environment says.
@@ -105,6 +113,10 @@ pub struct GpuOptions {
     /// subgroup barriers. `SILICA_NO_NARROW=1` keeps the 128-row tiles and
     /// the GEMV chunks.
     pub narrow_kernel: bool,
+    /// Rows of f16 x from which a quantized product's weights are decoded
+    /// into f16 once and multiplied on the f16 tensor-core kernels: 0 (off)
+    /// or at least [`MIN_DECODED_ROWS`]. `SILICA_DECODED_ROWS=N`.
+    pub decoded_rows: u32,
     /// A missing kernel is an error instead of a CPU fallback.
     /// `SILICA_STRICT=1`.
     pub strict: bool,
@@ -132,6 +144,7 @@ impl Default for GpuOptions {
             split_k: DEFAULT_SPLIT_K,
             coop_rows: DEFAULT_COOP_ROWS,
             narrow_kernel: true,
+            decoded_rows: DEFAULT_DECODED_ROWS,
             strict: false,
             check: false,
             profile: false,
@@ -183,6 +196,10 @@ impl GpuOptions {
                 MAX_COOP_ROWS,
             ),
             narrow_kernel: !on("SILICA_NO_NARROW"),
+            decoded_rows: match number("SILICA_DECODED_ROWS", d.decoded_rows, 0, u32::MAX) {
+                0 => 0,
+                n => n.max(MIN_DECODED_ROWS),
+            },
             strict: on("SILICA_STRICT"),
             check: on("SILICA_CHECK"),
             profile: on("SILICA_PROFILE"),
@@ -293,6 +310,7 @@ mod tests {
             ("SILICA_PROFILE", "1"),
             ("SILICA_NO_PIPELINE_CACHE", "1"),
             ("SILICA_NO_NARROW", "1"),
+            ("SILICA_DECODED_ROWS", "0"),
         ]);
         let want = GpuOptions {
             cooperative_matrix: false,
@@ -306,6 +324,7 @@ mod tests {
             split_k: 2,
             coop_rows: 32,
             narrow_kernel: false,
+            decoded_rows: 0,
             strict: true,
             check: true,
             profile: true,

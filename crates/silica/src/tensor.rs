@@ -63,7 +63,8 @@ impl Tensor {
         }
     }
 
-    fn view(&self, layout: Layout) -> Tensor {
+    /// The same storage through `layout`, which the caller keeps inside it.
+    pub(crate) fn view(&self, layout: Layout) -> Tensor {
         Tensor {
             storage: self.storage.clone(),
             layout,

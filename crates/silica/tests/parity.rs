@@ -211,6 +211,22 @@ fn binary_cases(cases: &mut Vec<Case>) {
             }
         }
     }
+    // rows of whole vec4 words: the two halves of a stacked product's
+    // output (rows 96 apart), and a row broadcast down the rows
+    for op in silica::BinaryOp::ALL {
+        for dtype in DType::FLOATS {
+            let name = format!("{} {dtype} halves of [6, 96]", op.name());
+            case(cases, name, tol(dtype), move |d| {
+                let y = input(Kind::Contiguous, &[6, 96], dtype, 10, d)?.abs()?;
+                y.narrow(1, 0, 48)?.binary(&y.narrow(1, 48, 48)?, op)
+            });
+            let name = format!("{} {dtype} [6, 48] [48]", op.name());
+            case(cases, name, tol(dtype), move |d| {
+                let a = input(Kind::Contiguous, &[6, 48], dtype, 11, d)?.abs()?;
+                a.binary(&input(Kind::Contiguous, &[48], dtype, 12, d)?, op)
+            });
+        }
+    }
     for op in silica::CmpOp::ALL {
         for dtype in DType::FLOATS {
             for kind in KINDS {
@@ -556,6 +572,24 @@ fn qmatmul_narrow_cases(cases: &mut Vec<Case>) {
     }
 }
 
+/// `x @ wᵀ` for 260 and 300 rows of f16 x: on a GPU with cooperative
+/// matrices, the weights decoded into f16 first and multiplied on the f16
+/// kernels (the quantized tiles elsewhere).
+fn qmatmul_decoded_cases(cases: &mut Vec<Case>) {
+    for format in QuantFormat::ALL {
+        for kind in [Kind::Contiguous, Kind::Offset] {
+            for (m, n, k) in [(260, 130, 512), (300, 257, 256)] {
+                let name =
+                    format!("matmul_q decoded {format} f16 {kind:?} [{m}, {k}] x [{n}, {k}]");
+                case(cases, name, quantized(DType::F16, m), move |d| {
+                    let w = QTensor::random(format, &[n, k], 34, d)?;
+                    input(kind, &[m, k], DType::F16, 35, d)?.matmul_q(&w)
+                });
+            }
+        }
+    }
+}
+
 /// `residual + swiglu(rms_norm(x) @ wᵀ)` with every subset of the three
 /// fusions: one kernel on a GPU for up to 64 rows of x (in chunks of up
 /// to 8), separate ops beyond; column counts odd and even (16-bit results of odd
@@ -764,6 +798,7 @@ fn all_cases() -> Vec<Case> {
     forced_matmul_cases(&mut cases);
     qmatmul_cases(&mut cases);
     qmatmul_narrow_cases(&mut cases);
+    qmatmul_decoded_cases(&mut cases);
     qmatmul_fused_cases(&mut cases);
     data_movement_cases(&mut cases);
     nn_cases(&mut cases);

@@ -1,9 +1,11 @@
 // binary_vec.wgsl — dst = f(a, b) (or f(a, scalar) when B_SCALAR) for
-// contiguous float operands of one dtype whose first elements sit at the
-// start of a vec4 word: thread q reads and writes vec4 word q (4 f32 or 8
-// halves). The last word may hold elements past n: they are computed from
-// whatever the buffers hold there (still inside them, as every buffer is a
-// multiple of 16 bytes) and not stored.
+// float operands of one dtype laid out as rows of whole vec4 words (4 f32
+// or 8 halves): a contiguous run, or rows whose starts are `row_a` and
+// `row_b` words apart (the halves of a stacked product's output, a
+// broadcast row). Thread q reads and writes vec4 word q of the contiguous
+// output. In a contiguous run the last word may hold elements past n: they
+// are computed from whatever the buffers hold there (still inside them, as
+// every buffer is a multiple of 16 bytes) and not stored.
 
 struct Params {
     n: u32,
@@ -11,6 +13,11 @@ struct Params {
     quad_a: u32,
     quad_b: u32,
     scalar: f32,
+    // words per row, and each operand's row pitch in words
+    row_quads: u32,
+    row_a: u32,
+    row_b: u32,
+    _pad: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -57,10 +64,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     if e0 >= p.n {
         return;
     }
-    let a = src_a[p.quad_a + q];
+    let row = q / p.row_quads;
+    let col = q - row * p.row_quads;
+    let a = src_a[p.quad_a + row * p.row_a + col];
     var b = vec4<u32>(0u);
     if !B_SCALAR {
-        b = src_b[p.quad_b + q];
+        b = src_b[p.quad_b + row * p.row_b + col];
     }
     var r: vec4<u32>;
     if DT == 0u {

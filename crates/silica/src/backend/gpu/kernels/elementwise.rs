@@ -134,12 +134,16 @@ pub(crate) fn binary(
             vec![la.clone(), la]
         }
     };
-    if let Some(quads) = vec_quads(a.dtype(), out_dtype, op, n, &views) {
+    if let Some(q) = vec_quads(a.dtype(), out_dtype, op, n, &views) {
         let words = [
             to_u32(n, "element count")?,
-            quads[0],
-            quads[1],
+            q.offsets[0],
+            q.offsets[1],
             scalar.to_bits(),
+            q.row_quads,
+            q.pitches[0],
+            q.pitches[1],
+            0,
         ];
         let per_quad = if a.dtype() == DType::F32 { 4 } else { 8 };
         return ctx.dispatch(
@@ -182,10 +186,21 @@ pub(crate) fn binary(
     )
 }
 
-/// The vec4-word offsets of both operands when the binary op can take the
-/// vectorized kernel: a float op (not a comparison) keeping the dtype, both
-/// views contiguous and unbroadcast, starting at the start of a vec4 word.
-fn vec_quads(dt: DType, out: DType, op: u32, n: usize, views: &[Layout]) -> Option<[u32; 2]> {
+/// How binary_vec.wgsl walks both operands, in vec4 words.
+struct Quads {
+    offsets: [u32; 2],
+    /// Words per row (all of them for a contiguous run).
+    row_quads: u32,
+    /// Each operand's row pitch.
+    pitches: [u32; 2],
+}
+
+/// Where the binary op can take the vectorized kernel: a float op (not a
+/// comparison) keeping the dtype, both views contiguous and unbroadcast
+/// (rank 1), or rows of whole vec4 words contiguous along the row (rank 2:
+/// the gate and up halves of a stacked product, a broadcast row), every
+/// start on a vec4 word.
+fn vec_quads(dt: DType, out: DType, op: u32, n: usize, views: &[Layout]) -> Option<Quads> {
     let per_quad = match dt {
         DType::F32 => 4,
         DType::F16 | DType::BF16 => 8,
@@ -194,15 +209,30 @@ fn vec_quads(dt: DType, out: DType, op: u32, n: usize, views: &[Layout]) -> Opti
     if op >= CMP_BASE || out != dt || n == 0 {
         return None;
     }
-    let mut quads = [0u32; 2];
-    for (q, v) in quads.iter_mut().zip(views) {
-        let contiguous = v.rank() == 0 || (v.rank() == 1 && v.strides()[0] == 1);
-        if !contiguous || v.offset() % per_quad != 0 {
-            return None;
-        }
-        *q = u32::try_from(v.offset() / per_quad).ok()?;
+    let word = |x: usize| {
+        x.is_multiple_of(per_quad)
+            .then(|| u32::try_from(x / per_quad).ok())?
+    };
+    let rank = views[0].rank();
+    let mut q = Quads {
+        offsets: [0; 2],
+        row_quads: u32::try_from(n.div_ceil(per_quad)).ok()?,
+        pitches: [0; 2],
+    };
+    if rank == 2 {
+        let cols = views[0].shape()[1];
+        q.row_quads = word(cols)?;
     }
-    Some(quads)
+    for (i, v) in views.iter().enumerate() {
+        q.offsets[i] = word(v.offset())?;
+        match v.rank() {
+            0 => {}
+            1 if v.strides()[0] == 1 => {}
+            2 if v.strides()[1] == 1 => q.pitches[i] = word(v.strides()[0])?,
+            _ => return None,
+        }
+    }
+    Some(q)
 }
 
 pub(crate) fn where_cond(ctx: &Context, inputs: &[&Tensor], out: &GpuBuffer) -> Result<()> {

@@ -5,8 +5,10 @@
 use super::elementwise::via_f32;
 use super::launch::{buffer, to_u32};
 use super::{Context, Kernel, KernelNeeds};
+use crate::layout::Layout;
 use crate::memory::GpuBuffer;
 use crate::quant::QuantFormat;
+use crate::storage::Storage;
 use crate::{DType, Error, QFusion, Result, Tensor};
 
 macro_rules! qkernel {
@@ -199,9 +201,25 @@ pub(crate) fn qrows(
     out: &GpuBuffer,
     out_dtype: DType,
 ) -> Result<()> {
+    decode_rows(ctx, format, Some(ids), ids.numel(), w, k, out, out_dtype)
+}
+
+/// qrows.wgsl over `count` rows: those `ids` names, or with `None` the
+/// first `count` rows of `w` in order.
+#[allow(clippy::too_many_arguments)]
+fn decode_rows(
+    ctx: &Context,
+    format: QuantFormat,
+    ids: Option<&Tensor>,
+    count: usize,
+    w: &Tensor,
+    k: usize,
+    out: &GpuBuffer,
+    out_dtype: DType,
+) -> Result<()> {
     let row_bytes = format.bytes_for(k);
     let rows = (w.numel() * 4) / row_bytes.max(1);
-    let threads = ids.numel() * k / 8;
+    let threads = count * k / 8;
     let groups = threads.div_ceil(256);
     let max = ctx.max_groups() as usize;
     let grid = [groups.min(max), groups.div_ceil(max), 1];
@@ -212,12 +230,12 @@ pub(crate) fn qrows(
         });
     }
     let header = [
-        to_u32(ids.numel(), "ids")?,
+        to_u32(count, "ids")?,
         to_u32(k, "K")?,
         to_u32(row_bytes, "row bytes")?,
         to_u32(rows, "rows")?,
-        to_u32(ids.layout().offset(), "offset")?,
-        0,
+        to_u32(ids.map_or(0, |i| i.layout().offset()), "offset")?,
+        ids.is_none() as u32,
         0,
         0,
     ];
@@ -226,9 +244,10 @@ pub(crate) fn qrows(
         &[
             ("FMT", format.gpu_code() as f64),
             ("OUT_DT", out_dtype.gpu_code() as f64),
+            ("HW_PACK", super::matmul::coop_tiles(ctx) as u32 as f64),
         ],
         bytemuck::cast_slice(&header),
-        &[buffer(ids), buffer(w)],
+        &[buffer(ids.unwrap_or(w)), buffer(w)],
         out,
         [grid[0] as u32, grid[1] as u32, 1],
     )
@@ -415,6 +434,8 @@ pub(crate) fn qmatmul(
         && narrow_partials(m, n, k) <= NARROW_PARTIAL_BYTES
     {
         return narrow_product(ctx, format, x, w, m, n, k, row_bytes, out, out_dtype);
+    } else if x16 && decodes_first(ctx, m, weight_rows, k) {
+        return decoded_product(ctx, format, x, w, m, n, k, out, out_dtype);
     } else if x16
         && super::matmul::coop_tiles(ctx)
         && (m >= COOP_MIN_M || narrow_coop(ctx, m, weight_rows, k))
@@ -488,6 +509,63 @@ pub(crate) fn qmatmul(
             [grid[0] as u32, grid[1] as u32, grid[2] as u32],
         )
     })
+}
+
+/// Most bytes of f16 weights a product decodes ahead of the f16 kernels
+/// (a scratch buffer of the pool): an 8B model's 14,336 x 4,096 product
+/// takes 117 MB; larger ones (a large vocabulary's LM head) keep the
+/// quantized tiles.
+const DECODED_MAX_BYTES: usize = 256 << 20;
+
+/// Whether a product of `m` rows of f16 x takes [`decoded_product`]: from
+/// `GpuFeatures::decoded_rows` rows on (0: never), where the f16
+/// tensor-core kernels run, and within [`DECODED_MAX_BYTES`].
+pub(crate) fn decodes_first(ctx: &Context, m: usize, weight_rows: usize, k: usize) -> bool {
+    let rows = ctx.features().decoded_rows as usize;
+    rows > 0
+        && m >= rows
+        && super::matmul::coop_tiles(ctx)
+        && weight_rows * k * 2 <= DECODED_MAX_BYTES
+}
+
+/// `x @ wᵀ` with the weights first decoded into an f16 scratch matrix
+/// (qrows.wgsl over every row) and multiplied on the f16 tensor-core
+/// kernels, which run at about twice the rate of the quantized tiles on
+/// long prompts (docs/tuning.md, "Weights decoded for long prompts").
+#[allow(clippy::too_many_arguments)]
+fn decoded_product(
+    ctx: &Context,
+    format: QuantFormat,
+    x: &Tensor,
+    w: &Tensor,
+    m: usize,
+    n: usize,
+    k: usize,
+    out: &GpuBuffer,
+    out_dtype: DType,
+) -> Result<()> {
+    let scratch = ctx.pool.alloc((n * k * 2) as u64)?;
+    decode_rows(ctx, format, None, n, w, k, &scratch, DType::F16)?;
+    let device = x.device().clone();
+    let wt = Tensor::from_parts(Storage::Gpu(scratch), &[n, k], DType::F16, device);
+    let x = x.reshape(&[m, k])?;
+    // K split as for the quantized tiles where they would be few, each
+    // part a batch of the f16 kernel (runs of 8 halves stay whole)
+    let tiles = n.div_ceil(128) * m.div_ceil(128);
+    let mut parts = coop_splits(tiles, k, ctx.features().split_k as usize);
+    while parts > 1 && !k.is_multiple_of(parts * 8) {
+        parts /= 2;
+    }
+    if parts == 1 {
+        return super::matmul::matmul(ctx, &x, &wt.t()?, &[m, n], out, out_dtype);
+    }
+    let kp = k / parts;
+    let off = x.layout().offset();
+    let a = x.view(Layout::new(vec![parts, m, kp], vec![kp, k, 1], off));
+    let b = wt.view(Layout::new(vec![parts, kp, n], vec![kp, 1, k], 0));
+    let partial = ctx.pool.alloc((parts * m * n * 4) as u64)?;
+    super::matmul::matmul(ctx, &a, &b, &[parts, m, n], &partial, DType::F32)?;
+    sum_parts(ctx, &partial, parts, m * n, None, out, out_dtype)
 }
 
 /// The cooperative-matrix product on a grid of `grid[2]` parts of K: each
@@ -929,11 +1007,14 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
     let mut out = Vec::new();
     for format in QuantFormat::ALL {
         for o in [DType::F32, DType::F16, DType::BF16] {
-            let c = vec![
-                ("FMT", format.gpu_code() as f64),
-                ("OUT_DT", o.gpu_code() as f64),
-            ];
-            out.push((&QROWS, c));
+            for pack in [0.0, 1.0] {
+                let c = vec![
+                    ("FMT", format.gpu_code() as f64),
+                    ("OUT_DT", o.gpu_code() as f64),
+                    ("HW_PACK", pack),
+                ];
+                out.push((&QROWS, c));
+            }
         }
         for dt in [DType::F32, DType::F16, DType::BF16] {
             let outs = if dt == DType::F32 {

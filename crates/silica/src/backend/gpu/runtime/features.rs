@@ -43,6 +43,9 @@ pub struct GpuFeatures {
     /// qmatmul_narrow.wgsl runs: `coop16` and subgroup barriers, and
     /// [`GpuOptions::narrow_kernel`].
     pub narrow: bool,
+    /// Rows of f16 x from which quantized products decode their weights
+    /// into f16 and take the f16 tensor-core kernels (0: never).
+    pub decoded_rows: u32,
 }
 
 impl GpuFeatures {
@@ -81,6 +84,7 @@ impl GpuFeatures {
                 && adapter
                     .features()
                     .contains(wgpu::Features::SUBGROUP | wgpu::Features::SUBGROUP_BARRIER),
+            decoded_rows: opts.decoded_rows,
         }
     }
 
