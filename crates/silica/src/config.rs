@@ -62,7 +62,8 @@ pub const MAX_COOP_ROWS: u32 = 64;
 /// adapter has them (docs/tuning.md, "Weights decoded for long prompts").
 pub const DEFAULT_DECODED_ROWS: u32 = 256;
 
-/// Fewest rows [`GpuOptions::decoded_rows`] takes besides 0 (off).
+/// Fewest rows [`GpuOptions::decoded_rows`] takes besides 0 (off): the f16
+/// kernels take tensor cores from 64 rows on.
 pub const MIN_DECODED_ROWS: u32 = 64;
 
 /// How a GPU device is opened. [`GpuOptions::from_env`] gives the

@@ -133,15 +133,17 @@ impl GpuDevice {
         &self.info
     }
 
-    /// What this device runs with: the adapter's features less those its
-    /// [`GpuOptions`] turned off.
     /// Whether a quantized product of `m` rows of f16 x (fewer than 64)
-    /// with `weight_rows` rows of `k` values takes the cooperative-matrix
-    /// kernel on this device (see `qmatmul::narrow_coop`).
+    /// with `weight_rows` rows of `k` values takes a tensor-core kernel on
+    /// this device (see `qmatmul::narrow_coop` and
+    /// `qmatmul::decodes_first`).
     pub(crate) fn narrow_coop(&self, m: usize, weight_rows: usize, k: usize) -> bool {
         kernels::qmatmul::narrow_coop(&self.ctx, m, weight_rows, k)
+            || kernels::qmatmul::decodes_first(&self.ctx, m, weight_rows, k)
     }
 
+    /// What this device runs with: the adapter's features less those its
+    /// [`GpuOptions`] turned off.
     pub fn features(&self) -> &GpuFeatures {
         self.ctx.features()
     }

@@ -310,11 +310,13 @@ fn gemv_lanes(n: usize, k: usize, rows: usize) -> usize {
 /// [`GEMV_CHUNK_ROWS`], except f16 x (`x16`) that [`narrow_coop`] sends
 /// to the cooperative-matrix kernel.
 pub(crate) fn takes_gemv(ctx: &Context, m: usize, weight_rows: usize, k: usize, x16: bool) -> bool {
-    let coop = x16 && narrow_coop(ctx, m, weight_rows, k);
+    let coop =
+        x16 && (narrow_coop(ctx, m, weight_rows, k) || decodes_first(ctx, m, weight_rows, k));
     m <= GEMV_MAX_M
         || (!coop
             && m <= ctx.features().gemv_rows as usize
-            && gemv_chunks(m).0 * weight_rows <= GEMV_CHUNK_ROWS)
+            && (gemv_chunks(m).0 <= GEMV_ANY_CHUNKS
+                || gemv_chunks(m).0 * weight_rows <= GEMV_CHUNK_ROWS))
 }
 
 /// Weight rows times chunks of 8 rows of x up to which the GEMV kernels
@@ -325,6 +327,12 @@ pub(crate) fn takes_gemv(ctx: &Context, m: usize, weight_rows: usize, k: usize, 
 /// its 8,192-column up product up to 32 rows (4), as measured
 /// (docs/tuning.md, "GEMV chunks").
 const GEMV_CHUNK_ROWS: usize = 1 << 15;
+
+/// Chunks up to which the GEMV kernels take a product whatever its weight
+/// rows: two chunks read the weights at about half the tiled kernel's
+/// cost per weight on tall products too (an 8B model's gate and up at 16
+/// rows, docs/tuning.md, "GEMV chunks").
+const GEMV_ANY_CHUNKS: usize = 2;
 
 /// The chunks of a GEMV product of `m` rows of x (`fuses`): how many, and
 /// the rows each takes (the last may take fewer). As even as whole chunks
@@ -517,6 +525,12 @@ pub(crate) fn qmatmul(
 /// quantized tiles.
 const DECODED_MAX_BYTES: usize = 256 << 20;
 
+/// Tiles of 128x128 up to which [`decoded_product`] splits K: a 1B
+/// model's 64-tile products gain from 4 parts, while 96 tiles (its qkv) in
+/// 2 parts and 128 (an 8B model's wo and down) lost (docs/tuning.md,
+/// "Weights decoded for long prompts").
+const DECODED_SPLIT_TILES: usize = 64;
+
 /// Whether a product of `m` rows of f16 x takes [`decoded_product`]: from
 /// `GpuFeatures::decoded_rows` rows on (0: never), where the f16
 /// tensor-core kernels run, and within [`DECODED_MAX_BYTES`].
@@ -552,7 +566,10 @@ fn decoded_product(
     // K split as for the quantized tiles where they would be few, each
     // part a batch of the f16 kernel (runs of 8 halves stay whole)
     let tiles = n.div_ceil(128) * m.div_ceil(128);
-    let mut parts = coop_splits(tiles, k, ctx.features().split_k as usize);
+    let mut parts = match tiles <= DECODED_SPLIT_TILES {
+        true => coop_splits(tiles, k, ctx.features().split_k as usize),
+        false => 1,
+    };
     while parts > 1 && !k.is_multiple_of(parts * 8) {
         parts /= 2;
     }
