@@ -51,9 +51,13 @@ fn gpu_int8_activations(format: QuantFormat) -> bool {
 /// Whether `g` takes a product of `m` rows of x with `weight_rows` rows of
 /// w through the GEMV kernels, whose activations are rounded to 8 bits with
 /// `int8_activations` on: up to 8 rows, and up to its `gemv_rows` in chunks
-/// of 8 while chunks times weight rows stay within 32,768.
+/// of 8 while there are two chunks or chunks times weight rows stay within
+/// 32,768.
 fn takes_gemv(g: &silica::GpuDevice, m: usize, weight_rows: usize) -> bool {
-    m <= 8 || (m <= g.features().gemv_rows as usize && m.div_ceil(8) * weight_rows <= 1 << 15)
+    let chunks = m.div_ceil(8);
+    m <= 8
+        || (m <= g.features().gemv_rows as usize
+            && (chunks <= 2 || chunks * weight_rows <= 1 << 15))
 }
 
 /// Formats whose CPU product quantizes x to 8 bits (as llama.cpp does).
