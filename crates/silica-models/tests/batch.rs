@@ -424,3 +424,36 @@ fn picked_tokens_match_host_tokens() {
         assert_eq!((0..3).map(|s| by_device.len(s)).collect::<Vec<_>>(), before);
     }
 }
+
+/// A pool whose steps' kernels were built ahead (as a server does before
+/// it is ready: steps recorded while nothing runs, growing the pool) gives
+/// the logits of a pool that was not: the buffers and RoPE tables the
+/// build grew were made again for real. Before, they held undefined
+/// values, and a GPU server's first answers were garbage.
+#[test]
+fn kernels_built_ahead_leave_the_pool_as_it_was() {
+    let file = TinyModelFile::write_quantized("built", &Tiny::quantized());
+    for dev in tiny_llama::devices().into_iter().filter(|d| d.is_gpu()) {
+        let gguf = silica_models::gguf::GgufFile::open(&file.path).unwrap();
+        let model = Llama::load(&gguf, &dev, silica::DType::F32).unwrap();
+        let mut built = model.new_pool(2).unwrap();
+        let before = built.capacity();
+        model.build_pooled_kernels(&mut built, 300).unwrap();
+        assert!(
+            built.capacity() > before,
+            "{dev:?}: the build grew the pool"
+        );
+        let mut plain = model.new_pool(2).unwrap();
+        let prompt: &[u32] = &[301, 305, 309, 313, 302, 307];
+        let mut outs = Vec::new();
+        for pool in [&mut built, &mut plain] {
+            let slot = pool.acquire().unwrap();
+            let first = model.forward_pooled(pool, &[PoolStep { slot, ids: prompt }]);
+            let next = model.forward_pooled(pool, &[PoolStep { slot, ids: &[340] }]);
+            outs.push((rows(&first.unwrap()), rows(&next.unwrap())));
+        }
+        let (a, b) = (&outs[0], &outs[1]);
+        let d = max_diff(&a.0[0], &b.0[0]).max(max_diff(&a.1[0], &b.1[0]));
+        assert!(d < 1e-5, "{dev:?}: the logits differ by {d}");
+    }
+}

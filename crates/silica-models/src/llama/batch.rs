@@ -190,17 +190,29 @@ impl Llama {
     /// driver without its cache takes 0.1 to 1 s a kernel). Each new size
     /// of step can need a kernel of its own: products of up to 64 rows
     /// take the GEMV kernels in chunks of 5 to 8 rows. `pool`'s free slots
-    /// are used and left free and empty; nothing happens off the GPU.
+    /// are used and left free and empty (and where the steps grew it, it
+    /// is grown again for real); nothing happens off the GPU.
     pub fn build_pooled_kernels(&self, pool: &mut KvPool, longest: usize) -> Result<()> {
         if !self.device.is_gpu() {
             return Ok(());
         }
         let free: Vec<usize> = std::iter::from_fn(|| pool.acquire()).collect();
+        let capacity = pool.capacity;
         let built = self
             .device
             .build_kernels_only(|| self.pooled_shapes(pool, &free, longest));
         for &slot in &free {
             pool.release(slot);
+        }
+        if pool.capacity != capacity {
+            // the steps grew the pool while nothing ran: its new KV buffers
+            // and RoPE tables hold undefined values, so they are made again
+            // for real (no slot holds a position yet)
+            let grown = pool.capacity;
+            pool.capacity = 0;
+            pool.kv.clear();
+            pool.tables = None;
+            self.reserve_pool(pool, grown)?;
         }
         built
     }
