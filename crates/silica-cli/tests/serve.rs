@@ -81,22 +81,7 @@ impl Server {
         headers: &[&str],
         body: &str,
     ) -> std::io::Result<Reply> {
-        let mut s = TcpStream::connect(("127.0.0.1", self.port))?;
-        s.set_read_timeout(Some(Duration::from_secs(300)))?;
-        let mut req = format!(
-            "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n",
-            body.len()
-        );
-        for h in headers {
-            req.push_str(h);
-            req.push_str("\r\n");
-        }
-        req.push_str("\r\n");
-        req.push_str(body);
-        s.write_all(req.as_bytes())?;
-        let mut raw = Vec::new();
-        s.read_to_end(&mut raw)?;
-        Ok(Reply::parse(&raw))
+        request_at(self.port, method, path, headers, body)
     }
 
     fn post(&self, path: &str, body: &str) -> Reply {
@@ -113,6 +98,37 @@ impl Server {
             .parse()
             .unwrap()
     }
+}
+
+/// A POST to the server on `port`, from any thread.
+fn post(port: u16, path: &str, body: &str) -> Reply {
+    request_at(port, "POST", path, &[], body).unwrap()
+}
+
+/// One HTTP/1.1 request to the server on `port`, read to the end.
+fn request_at(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[&str],
+    body: &str,
+) -> std::io::Result<Reply> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(300)))?;
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n",
+        body.len()
+    );
+    for h in headers {
+        req.push_str(h);
+        req.push_str("\r\n");
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    s.write_all(req.as_bytes())?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw)?;
+    Ok(Reply::parse(&raw))
 }
 
 impl Drop for Server {
@@ -271,6 +287,30 @@ fn the_openai_client_works_on_every_gpu() {
             "{dev}: a step built a kernel after ready"
         );
         run_openai_client(&server);
+        // penalties picked on the device, alone and with other sequences
+        // (whose steps are queued on their picks, in flight when counted)
+        let penalized = |port: u16, t: f32| {
+            let body = format!(
+                r#"{{"prompt":"one two one two one two","max_tokens":8,"temperature":{t},"seed":5,"repetition_penalty":1.3,"frequency_penalty":0.5,"presence_penalty":0.25}}"#
+            );
+            let r = post(port, "/v1/completions", &body);
+            assert_eq!(r.status, 200, "{}", r.body);
+            let usage = &r.json()["usage"];
+            let done = r.json()["choices"][0]["finish_reason"].as_str() == Some("stop");
+            assert!(
+                done || usage["completion_tokens"].as_u64() == Some(8),
+                "{}",
+                r.body
+            );
+        };
+        penalized(port, 0.0);
+        let clients: Vec<_> = [0.0f32, 0.8, 0.0, 0.8]
+            .into_iter()
+            .map(|t| std::thread::spawn(move || penalized(port, t)))
+            .collect();
+        for c in clients {
+            c.join().unwrap();
+        }
     }
 }
 
@@ -426,7 +466,7 @@ fn bad_requests_get_openai_errors() {
     );
     assert_eq!(r.status, 200, "{}", r.body);
     assert!(r.json()["usage"]["completion_tokens"].as_u64().unwrap() <= 2);
-    // OpenAI's penalties are taken (applied by the host sampler)
+    // OpenAI's penalties are taken (applied by the host sampler on the CPU)
     let r = server.post(
         "/v1/completions",
         r#"{"prompt":"Hi","max_tokens":2,"temperature":0,"frequency_penalty":0.5,"presence_penalty":0.5}"#,

@@ -5,7 +5,7 @@ use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
 use crate::llama::Llama;
-use crate::sampling::{Sampler, draw_rows, penalize};
+use crate::sampling::{Sampler, draw_rows, penalize_rows};
 use crate::tokenizer::{TokenStream, Tokenizer};
 use crate::{Error, Result};
 
@@ -53,9 +53,9 @@ pub fn check_prompt(tokens: usize, context: usize) -> Result<()> {
 
 /// The next token, picked from logits `[1, vocab]` (f32, on the model's
 /// device). Greedy decoding takes the argmax on the device, and a draw at a
-/// temperature runs there too, as does a repetition penalty on a GPU
+/// temperature runs there too, as do the penalties on a GPU
 /// ([`crate::sampling::Sampler::device_pick_on`],
-/// [`crate::sampling::penalize`], [`crate::sampling::draw_rows`]), so that
+/// [`crate::sampling::penalize_rows`], [`crate::sampling::draw_rows`]), so that
 /// 4 bytes come back instead of the vocabulary's logits, and the token
 /// stays there too: the next step can be queued on it before it is read.
 enum Pick {
@@ -67,7 +67,7 @@ enum Pick {
 impl Pick {
     /// The pick of the `counter`-th generated token (0 for the first).
     /// `in_flight`: the token picked on the device before this one and not
-    /// in `history` yet, which a repetition penalty counts too.
+    /// in `history` yet, which the penalties count too.
     fn new(
         sampler: &mut Sampler,
         logits: &silica::Tensor,
@@ -79,7 +79,9 @@ impl Pick {
             let penalized;
             let logits = match penalty {
                 Some(p) => {
-                    penalized = penalize(logits, history, in_flight, p)?;
+                    let flight = in_flight.map(|t| (t, &[(0u32, 0u32)][..]));
+                    let row = logits.reshape(&[1, logits.numel()])?;
+                    penalized = penalize_rows(&row, &[history], flight, &[p])?;
                     &penalized
                 }
                 None => logits,

@@ -5,7 +5,7 @@
 use rand::{Rng, SeedableRng};
 
 mod device;
-pub use device::{RowDraw, draw_rows, penalize, row_cuts};
+pub use device::{Penalties, RowDraw, draw_rows, penalize, penalize_rows, row_cuts};
 
 /// How to pick tokens. `temperature == 0` is greedy (the other settings
 /// then only matter through the repetition penalty).
@@ -44,10 +44,19 @@ impl SamplingParams {
         }
     }
 
-    /// Whether a penalty other than the repetition penalty is set: those
-    /// are applied on the host only.
+    /// Whether a penalty other than the repetition penalty is set (one
+    /// that counts the occurrences of each token seen).
     fn counts_seen(&self) -> bool {
         self.frequency_penalty != 0.0 || self.presence_penalty != 0.0
+    }
+
+    /// The penalties [`penalize_rows`] applies for these settings.
+    pub fn penalties(&self) -> Penalties {
+        Penalties {
+            repetition: self.repetition_penalty,
+            frequency: self.frequency_penalty,
+            presence: self.presence_penalty,
+        }
     }
 }
 
@@ -91,19 +100,16 @@ impl Sampler {
 
     /// How this sampler picks its `counter`-th token on `device`, where it
     /// can: the row's draw (the argmax for greedy samplers) and the
-    /// repetition penalty to apply first ([`crate::sampling::penalize`]),
+    /// penalties to apply first ([`crate::sampling::penalize_rows`]),
     /// which only a GPU takes (on the CPU the host sampler is as fast).
     /// `None` where the pick is the host's.
     pub fn device_pick_on(
         &self,
         counter: u64,
         device: &silica::Device,
-    ) -> Option<(RowDraw, Option<f32>)> {
+    ) -> Option<(RowDraw, Option<Penalties>)> {
         let p = &self.params;
-        if p.counts_seen() {
-            return None;
-        }
-        if p.repetition_penalty == 1.0 {
+        if p.repetition_penalty == 1.0 && !p.counts_seen() {
             if self.is_argmax() {
                 return Some((RowDraw::argmax(), None));
             }
@@ -111,7 +117,7 @@ impl Sampler {
         }
         device
             .is_gpu()
-            .then(|| (self.row(counter), Some(p.repetition_penalty)))
+            .then(|| (self.row(counter), Some(p.penalties())))
     }
 
     /// The draw of the `counter`-th token, the penalty aside (the argmax

@@ -6,7 +6,7 @@
 mod tiny_llama;
 
 use silica::{DType, Tensor};
-use silica_models::sampling::{RowDraw, draw_rows, penalize, row_cuts};
+use silica_models::sampling::{Penalties, RowDraw, draw_rows, penalize, penalize_rows, row_cuts};
 
 #[test]
 fn every_device_draws_the_cpu_tokens() {
@@ -322,16 +322,29 @@ fn generation_with_a_repetition_penalty_picks_on_a_gpu() {
     let prompt = tok.encode("a b c d", true).unwrap();
     for dev in tiny_llama::devices().into_iter().filter(|d| d.is_gpu()) {
         let model = silica_models::llama::Llama::load(&gguf, &dev, DType::F32).unwrap();
-        for temperature in [0.0, 40.0] {
+        let cases = [
+            (0.0, 1.5, 0.0, 0.0),
+            (40.0, 1.5, 0.0, 0.0),
+            (0.0, 1.2, 0.7, 0.4),
+            (40.0, 1.0, 0.5, 1.5),
+        ];
+        for (temperature, repetition, frequency, presence) in cases {
             let params = SamplingParams {
                 temperature,
-                repetition_penalty: 1.5,
+                repetition_penalty: repetition,
+                frequency_penalty: frequency,
+                presence_penalty: presence,
                 seed: 3,
                 ..SamplingParams::greedy()
             };
+            let pens = Penalties {
+                repetition,
+                frequency,
+                presence,
+            };
             let sampler = Sampler::new(params.clone());
             let (row, penalty) = sampler.device_pick_on(0, &dev).expect("a GPU pick");
-            assert_eq!(penalty, Some(1.5));
+            assert_eq!(penalty, Some(pens));
             let tokens = generate(
                 &model,
                 &tok,
@@ -352,12 +365,94 @@ fn generation_with_a_repetition_penalty_picks_on_a_gpu() {
                     counter: k as u64,
                     ..row
                 };
-                let p = penalize(&l, &history, None, 1.5).unwrap();
+                let p = penalize_rows(&l, &[&history], None, &[pens]).unwrap();
                 let got: Vec<u32> = draw_rows(&p, &[draw]).unwrap().to_vec().unwrap();
-                assert_eq!(got[0], t, "{dev:?}, T {temperature}: token {k}");
+                assert_eq!(got[0], t, "{dev:?}, {pens:?}, T {temperature}: token {k}");
                 history.push(t);
                 l = model.forward(&[t], &mut cache, true).unwrap();
             }
+        }
+    }
+}
+
+/// Rows with their own penalties, histories and tokens in flight: every
+/// device gives the CPU's logits (the same roundings: the repetition
+/// penalty's power as products, then the subtraction), and a greedy pick
+/// after them is the host sampler's over the history and the token in
+/// flight.
+#[test]
+fn row_penalties_match_the_cpu_on_every_device() {
+    use silica_models::sampling::{Sampler, SamplingParams};
+    let (rows, vocab) = (6, 3000);
+    let cpu = silica::Device::cpu();
+    let logits = Tensor::randn(&[rows, vocab], DType::F32, 22, &cpu)
+        .unwrap()
+        .mul_scalar(3.0)
+        .unwrap();
+    let histories: Vec<Vec<u32>> = (0..rows)
+        .map(|r| {
+            (0..300 + 50 * r)
+                .map(|i| ((i * (31 + r)) % 500) as u32)
+                .collect()
+        })
+        .collect();
+    let seen: Vec<&[u32]> = histories.iter().map(Vec::as_slice).collect();
+    let pens: Vec<Penalties> = (0..rows)
+        .map(|r| match r % 3 {
+            0 => Penalties {
+                repetition: 1.3,
+                ..Penalties::NONE
+            },
+            1 => Penalties {
+                repetition: 1.1,
+                frequency: 0.4,
+                presence: 0.6,
+            },
+            _ => Penalties::NONE,
+        })
+        .collect();
+    // the previous step's picks, rows 1, 2 and 4 feeding one each
+    let picks = Tensor::from_vec(vec![17u32, 5, 2999, 40], &[4], &cpu).unwrap();
+    let flight = [(1u32, 1u32), (3, 2), (2, 4)];
+    let want: Vec<f32> = penalize_rows(&logits, &seen, Some((&picks, &flight)), &pens)
+        .unwrap()
+        .to_vec()
+        .unwrap();
+    let l: Vec<f32> = logits.to_vec().unwrap();
+    for (r, p) in pens.iter().enumerate() {
+        let mut history = histories[r].clone();
+        if let Some(&(pick, _)) = flight.iter().find(|f| f.1 as usize == r) {
+            history.push([17u32, 5, 2999, 40][pick as usize]);
+        }
+        let mut host = Sampler::new(SamplingParams {
+            repetition_penalty: p.repetition,
+            frequency_penalty: p.frequency,
+            presence_penalty: p.presence,
+            ..SamplingParams::greedy()
+        });
+        let row = &want[r * vocab..(r + 1) * vocab];
+        let best = (0..vocab)
+            .max_by(|&a, &b| row[a].total_cmp(&row[b]))
+            .unwrap();
+        let host_pick = host.sample(&l[r * vocab..(r + 1) * vocab], &history);
+        assert_eq!(host_pick, best as u32, "row {r}");
+    }
+    for dev in tiny_llama::devices().into_iter().skip(1) {
+        let p = picks.to_device(&dev).unwrap();
+        let got: Vec<f32> = penalize_rows(
+            &logits.to_device(&dev).unwrap(),
+            &seen,
+            Some((&p, &flight)),
+            &pens,
+        )
+        .unwrap()
+        .to_vec()
+        .unwrap();
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                (g - w).abs() <= 1e-5 * w.abs().max(1.0),
+                "{dev:?}: entry {i}: {g} against {w}"
+            );
         }
     }
 }

@@ -22,8 +22,10 @@
 //! are read back
 //! (`Llama::forward_pooled_picked`), so the GPU works while the host reads,
 //! detokenizes and sends; a sequence that ends on such a token has its row
-//! of the next step dropped. A sequence with a repetition penalty has its
-//! logits read and picks on the host.
+//! of the next step dropped. A sequence with penalties (repetition,
+//! frequency, presence) has them applied on a GPU before its pick
+//! (`sampling::penalize_rows`, its history and its token in flight); on
+//! the CPU its logits are read and it picks on the host.
 
 use std::cell::{Cell, RefCell};
 use std::cmp::Reverse;
@@ -36,7 +38,9 @@ use std::time::Instant;
 
 use silica::{PendingRead, Tensor};
 use silica_models::llama::{KvPool, Llama, PickedStep, PoolStep};
-use silica_models::sampling::{RowDraw, Sampler, SamplingParams, draw_rows};
+use silica_models::sampling::{
+    Penalties, RowDraw, Sampler, SamplingParams, draw_rows, penalize_rows,
+};
 use silica_models::tokenizer::{TokenStream, Tokenizer};
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -556,6 +560,7 @@ impl<'a> Runner<'a> {
             &picked,
             pending.map(|p| &p.picks),
         )?;
+        let logits = penalized(seqs, &feeds, logits, pending, self.model.device())?;
         let draws: Vec<RowDraw> = feeds
             .iter()
             .map(|f| row_draw(seqs, f, self.model.device()))
@@ -756,12 +761,12 @@ impl<'a> Runner<'a> {
 }
 
 /// Whether sequence `id` picks its tokens on the device, greedily or by
-/// [`draw_rows`] (true of one that is gone: its row is dropped whatever it
-/// holds).
+/// [`draw_rows`], its penalties applied there on a GPU (true of one that
+/// is gone: its row is dropped whatever it holds).
 fn on_device(seqs: &[Seq<'_>], id: u64, device: &silica::Device) -> bool {
     seqs.iter()
         .find(|s| s.id == id)
-        .is_none_or(|s| s.sampler.is_argmax() || s.sampler.device_draw_on(0, device).is_some())
+        .is_none_or(|s| s.sampler.device_pick_on(0, device).is_some())
 }
 
 /// How row `f` of a step picks its token on the device: drawn for a
@@ -771,10 +776,52 @@ fn row_draw(seqs: &[Seq<'_>], f: &Feed, device: &silica::Device) -> RowDraw {
     match s {
         Some(s) if f.emits => s
             .sampler
-            .device_draw_on(s.drawn, device)
-            .unwrap_or(RowDraw::argmax()),
+            .device_pick_on(s.drawn, device)
+            .map_or(RowDraw::argmax(), |(draw, _)| draw),
         _ => RowDraw::argmax(),
     }
+}
+
+/// A step's logits with the penalties of the rows that apply them on the
+/// device (`penalize_rows`): each such sequence's history, and its token
+/// in flight where it feeds one of `pending`'s picks. The logits as they
+/// are where no row has penalties.
+fn penalized(
+    seqs: &[Seq<'_>],
+    feeds: &[Feed],
+    logits: Tensor,
+    pending: Option<&Queued>,
+    device: &silica::Device,
+) -> silica_models::Result<Tensor> {
+    let pens: Vec<Penalties> = feeds
+        .iter()
+        .map(|f| {
+            let s = seqs.iter().find(|s| s.id == f.seq).filter(|_| f.emits);
+            s.and_then(|s| s.sampler.device_pick_on(s.drawn, device))
+                .and_then(|(_, p)| p)
+                .unwrap_or(Penalties::NONE)
+        })
+        .collect();
+    if pens.iter().all(Penalties::is_none) {
+        return Ok(logits);
+    }
+    let seen: Vec<&[u32]> = feeds
+        .iter()
+        .zip(&pens)
+        .map(|(f, p)| match seqs.iter().find(|s| s.id == f.seq) {
+            Some(s) if !p.is_none() => &s.history[..],
+            _ => &[][..],
+        })
+        .collect();
+    let flight: Vec<(u32, u32)> = feeds
+        .iter()
+        .zip(&pens)
+        .enumerate()
+        .filter(|(_, (_, p))| !p.is_none())
+        .filter_map(|(row, (f, _))| f.picked.map(|pick| (pick as u32, row as u32)))
+        .collect();
+    let in_flight = pending.map(|p| (&p.picks, &flight[..]));
+    Ok(penalize_rows(&logits, &seen, in_flight, &pens)?)
 }
 
 fn fail(job: &Job, e: &silica_models::Error) {

@@ -318,20 +318,45 @@ impl CustomOp for RowCuts {
     }
 }
 
+/// What a row's pick demotes the tokens seen by, as the host sampler does:
+/// the repetition penalty (an entry seen `c` times divided by
+/// `repetition^c` where positive, multiplied by it where not), then
+/// OpenAI's frequency and presence penalties (`c * frequency + presence`
+/// subtracted).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Penalties {
+    /// 1: off.
+    pub repetition: f32,
+    /// 0: off.
+    pub frequency: f32,
+    /// 0: off.
+    pub presence: f32,
+}
+
+impl Penalties {
+    /// No penalty: the row is left as it is.
+    pub const NONE: Penalties = Penalties {
+        repetition: 1.0,
+        frequency: 0.0,
+        presence: 0.0,
+    };
+
+    /// Whether the penalties change nothing.
+    pub fn is_none(&self) -> bool {
+        *self == Penalties::NONE
+    }
+}
+
 /// `logits` (`[vocab]` or `[1, vocab]`, f32, on any device) with a
 /// repetition penalty applied to the tokens `seen` (known on the host) and
 /// `in_flight` (a `[1]` u32 token picked on the device, not read back yet):
-/// an entry seen `c` times is divided by `penalty^c` where positive and
-/// multiplied by it where not, as the host sampler demotes a token once per
-/// occurrence. On a GPU the history travels as ids and the penalty runs
-/// there, so that the pick after it can stay on the device too.
+/// [`penalize_rows`] for one row with the repetition penalty alone.
 pub fn penalize(
     logits: &Tensor,
     seen: &[u32],
     in_flight: Option<&Tensor>,
     penalty: f32,
 ) -> Result<Tensor> {
-    custom::expect_dtype("penalize", logits, DType::F32)?;
     let vocab = logits.shape().last().copied().unwrap_or(0);
     if logits.numel() != vocab || vocab == 0 {
         return Err(silica::Error::InvalidArgument {
@@ -339,42 +364,123 @@ pub fn penalize(
             msg: format!("logits of shape {:?}, want one row", logits.shape()),
         });
     }
-    if !(penalty.is_finite() && penalty > 0.0) {
+    let row = logits.reshape(&[1, vocab])?;
+    let pens = Penalties {
+        repetition: penalty,
+        ..Penalties::NONE
+    };
+    let flight = in_flight.map(|t| (t, &[(0u32, 0u32)][..]));
+    penalize_rows(&row, &[seen], flight, &[pens])?.reshape(logits.shape())
+}
+
+/// `logits` (`[rows, vocab]`, f32, on any device) with each row's
+/// [`Penalties`] applied to the tokens it has seen: `seen[r]` (known on the
+/// host) and, for each `(pick, row)` of `in_flight`'s list, the token
+/// `picks[pick]` of a `[n]` u32 tensor on the device (picked by a step not
+/// read back yet). An entry seen `c` times is demoted once per occurrence;
+/// ids past the vocabulary count nowhere. On a GPU the histories travel as
+/// ids and the penalties run there, so that the pick after them can stay
+/// on the device too.
+pub fn penalize_rows(
+    logits: &Tensor,
+    seen: &[&[u32]],
+    in_flight: Option<(&Tensor, &[(u32, u32)])>,
+    penalties: &[Penalties],
+) -> Result<Tensor> {
+    custom::expect_dtype("penalize", logits, DType::F32)?;
+    let [rows, vocab] = logits.shape() else {
         return Err(silica::Error::InvalidArgument {
             op: "penalize",
-            msg: format!("penalty {penalty}, want a positive number"),
+            msg: format!("logits of shape {:?}, want [rows, vocab]", logits.shape()),
+        });
+    };
+    let (rows, vocab) = (*rows, *vocab);
+    if seen.len() != rows || penalties.len() != rows || vocab == 0 {
+        return Err(silica::Error::InvalidArgument {
+            op: "penalize",
+            msg: format!(
+                "{rows} rows of {vocab} logits against {} histories and {} penalties",
+                seen.len(),
+                penalties.len()
+            ),
+        });
+    }
+    if let Some(p) = penalties.iter().find(|p| {
+        !(p.repetition.is_finite()
+            && p.repetition > 0.0
+            && p.frequency.is_finite()
+            && p.presence.is_finite())
+    }) {
+        return Err(silica::Error::InvalidArgument {
+            op: "penalize",
+            msg: format!("penalties {p:?}: want a positive repetition penalty and finite ones"),
         });
     }
     let dev = logits.device();
-    // an empty list is one id past the vocabulary, which counts nowhere
-    let mut ids = seen.to_vec();
-    if ids.is_empty() {
-        ids.push(u32::MAX);
+    // (id, row) pairs; an empty list is one id past the vocabulary, which
+    // counts nowhere
+    let mut pairs: Vec<u32> = seen
+        .iter()
+        .enumerate()
+        .flat_map(|(r, ids)| ids.iter().flat_map(move |&id| [id, r as u32]))
+        .collect();
+    if pairs.is_empty() {
+        pairs.extend([u32::MAX, 0]);
     }
-    let n = ids.len();
-    let ids = Tensor::from_vec(ids, &[n], dev)?;
+    let n = pairs.len();
+    let pairs = Tensor::from_vec(pairs, &[n], dev)?;
     let none;
-    let more = match in_flight {
-        Some(t) => t,
+    let (picks, mut flight) = match in_flight {
+        Some((t, list)) => {
+            custom::expect_dtype("penalize", t, DType::U32)?;
+            if let Some(&(pick, row)) = list
+                .iter()
+                .find(|&&(pick, row)| pick as usize >= t.numel() || row as usize >= rows)
+            {
+                return Err(silica::Error::InvalidArgument {
+                    op: "penalize",
+                    msg: format!(
+                        "token in flight {pick} of {} for row {row} of {rows}",
+                        t.numel()
+                    ),
+                });
+            }
+            (
+                t,
+                list.iter().flat_map(|&(p, r)| [p, r]).collect::<Vec<u32>>(),
+            )
+        }
         None => {
             none = Tensor::from_vec(vec![u32::MAX], &[1], dev)?;
-            &none
+            (&none, Vec::new())
         }
     };
-    let mut counts = Tensor::zeros(&[vocab], DType::U32, dev)?;
+    if flight.is_empty() {
+        // pick 0 of a list holding one id past the vocabulary, or row
+        // `rows`, which counts nowhere
+        flight.extend([0, rows as u32]);
+    }
+    let f = flight.len();
+    let flight = Tensor::from_vec(flight, &[f], dev)?;
+    let pens: Vec<f32> = penalties
+        .iter()
+        .flat_map(|p| [p.repetition, p.frequency, p.presence])
+        .collect();
+    let pens = Tensor::from_vec(pens, &[rows, 3], dev)?;
+    let mut counts = Tensor::zeros(&[rows * vocab], DType::U32, dev)?;
     custom::apply_in_place(
-        &RepeatPenalty { penalty },
-        &[logits, &ids, more],
+        &RowPenalties,
+        &[logits, &pairs, picks, &flight, &pens],
         &mut [&mut counts],
     )
 }
 
-/// [`penalize`]: inputs the logits, the seen ids `[n]` u32 and the ids in
-/// flight `[m]` u32; in place the counts `[vocab]` u32 of zeros, which it
-/// leaves zeros.
-struct RepeatPenalty {
-    penalty: f32,
-}
+/// [`penalize_rows`]: inputs the logits `[rows, vocab]` f32, the seen
+/// (id, row) pairs `[2n]` u32, the picks in flight `[m]` u32, the (pick,
+/// row) pairs of those in flight `[2f]` u32 and each row's penalties
+/// `[rows, 3]` f32; in place the counts `[rows * vocab]` u32 of zeros,
+/// which it leaves zeros.
+struct RowPenalties;
 
 static PENALTY_COUNT: WgslKernel = WgslKernel {
     name: "penalty_count",
@@ -393,55 +499,100 @@ fn penalty_power(penalty: f32, c: u32) -> f32 {
     (1..c).fold(penalty, |f, _| f * penalty)
 }
 
-impl CustomOp for RepeatPenalty {
+/// A logit seen `c > 0` times, demoted by `p` as the kernel does it.
+fn demoted(l: f32, c: u32, p: &[f32]) -> f32 {
+    let f = penalty_power(p[0], c);
+    let l = if l > 0.0 { l / f } else { l * f };
+    l - (c as f32 * p[1] + p[2])
+}
+
+impl CustomOp for RowPenalties {
     fn name(&self) -> &'static str {
-        "repeat_penalty"
+        "row_penalties"
     }
 
     fn output(&self, inputs: &[&Tensor], in_place: &[&Tensor]) -> Result<(Vec<usize>, DType)> {
-        let vocab = inputs[0].shape().last().copied().unwrap_or(0);
-        custom::expect_dtype("repeat_penalty", inputs[0], DType::F32)?;
-        for t in &inputs[1..] {
-            custom::expect_dtype("repeat_penalty", t, DType::U32)?;
+        let op = "row_penalties";
+        custom::expect_dtype(op, inputs[0], DType::F32)?;
+        for t in &inputs[1..4] {
+            custom::expect_dtype(op, t, DType::U32)?;
         }
+        custom::expect_dtype(op, inputs[4], DType::F32)?;
+        let [rows, vocab] = inputs[0].shape() else {
+            return Err(silica::Error::InvalidArgument {
+                op,
+                msg: format!(
+                    "logits of shape {:?}, want [rows, vocab]",
+                    inputs[0].shape()
+                ),
+            });
+        };
+        let pairs_even = inputs[1].numel().is_multiple_of(2) && inputs[3].numel().is_multiple_of(2);
         match in_place {
-            [c] if c.shape() == [vocab] && c.dtype() == DType::U32 => {
+            [c] if pairs_even
+                && inputs[4].shape() == [*rows, 3]
+                && c.shape() == [rows * vocab]
+                && c.dtype() == DType::U32 =>
+            {
                 Ok((inputs[0].shape().to_vec(), DType::F32))
             }
             _ => Err(silica::Error::InvalidArgument {
-                op: "repeat_penalty",
-                msg: format!("wants counts [{vocab}] u32 updated in place"),
+                op,
+                msg: format!(
+                    "wants (id, row) pairs, penalties [{rows}, 3] and counts [{}] u32 updated in place",
+                    rows * vocab
+                ),
             }),
         }
     }
 
     fn cpu(&self, inputs: &[&Tensor], _counts: &mut [&mut Tensor]) -> Result<Tensor> {
         let mut l: Vec<f32> = inputs[0].to_vec()?;
-        let mut counts = vec![0u32; l.len()];
-        for t in &inputs[1..] {
-            for id in t.to_vec::<u32>()? {
-                if let Some(c) = counts.get_mut(id as usize) {
-                    *c += 1;
-                }
+        let (rows, vocab) = (inputs[0].shape()[0], inputs[0].shape()[1]);
+        let pairs: Vec<u32> = inputs[1].to_vec()?;
+        let picks: Vec<u32> = inputs[2].to_vec()?;
+        let flight: Vec<u32> = inputs[3].to_vec()?;
+        let pens: Vec<f32> = inputs[4].to_vec()?;
+        let mut counts = vec![0u32; rows * vocab];
+        let mut count = |id: u32, row: u32| {
+            if (id as usize) < vocab && (row as usize) < rows {
+                counts[row as usize * vocab + id as usize] += 1;
             }
+        };
+        for p in pairs.chunks_exact(2) {
+            count(p[0], p[1]);
         }
-        for (v, &c) in l.iter_mut().zip(&counts) {
+        for f in flight.chunks_exact(2) {
+            count(picks.get(f[0] as usize).copied().unwrap_or(u32::MAX), f[1]);
+        }
+        for (i, (v, &c)) in l.iter_mut().zip(&counts).enumerate() {
             if c > 0 {
-                let f = penalty_power(self.penalty, c);
-                *v = if *v > 0.0 { *v / f } else { *v * f };
+                let r = i / vocab;
+                *v = demoted(*v, c, &pens[3 * r..3 * r + 3]);
             }
         }
         Tensor::from_vec(l, inputs[0].shape(), &Device::Cpu)
     }
 
     fn gpu(&self, call: &mut GpuCall<'_>) -> Result<bool> {
-        let vocab = call.inputs()[0].numel();
-        let (n, m) = (call.inputs()[1].numel(), call.inputs()[2].numel());
-        let groups = call.groups_for(n + m, 256)?;
-        let params = custom::params(&[n as u32, m as u32, vocab as u32, groups[0]]);
+        let [rows, vocab] = call.inputs()[0].shape() else {
+            return Ok(false);
+        };
+        let (rows, vocab) = (*rows, *vocab);
+        let n = call.inputs()[1].numel() / 2;
+        let (m, f) = (call.inputs()[2].numel(), call.inputs()[3].numel() / 2);
+        let groups = call.groups_for(n + f, 256)?;
+        let params = custom::params(&[
+            n as u32,
+            f as u32,
+            vocab as u32,
+            groups[0],
+            rows as u32,
+            m as u32,
+        ]);
         call.dispatch(&PENALTY_COUNT, &params, groups)?;
-        let groups = call.groups_for(vocab, 256)?;
-        let params = custom::params(&[vocab as u32, self.penalty.to_bits(), groups[0]]);
+        let groups = call.groups_for(rows * vocab, 256)?;
+        let params = custom::params(&[(rows * vocab) as u32, vocab as u32, groups[0]]);
         call.dispatch(&PENALTY_APPLY, &params, groups)?;
         Ok(true)
     }
@@ -705,6 +856,77 @@ mod tests {
         assert!(penalize(&two, &[1], None, 2.0).is_err());
         assert!(penalize(&l, &[1], None, 0.0).is_err());
         assert!(penalize(&l, &[1], None, f32::NAN).is_err());
+    }
+
+    /// Each row demotes what it has seen by its own penalties: the
+    /// repetition penalty per occurrence, then c * frequency + presence;
+    /// a token in flight counts for the row its pair names, and rows
+    /// without penalties or history stay as they are.
+    #[test]
+    fn row_penalties_demote_each_row_as_the_host_sampler() {
+        let l = vec![
+            2.0f32, -1.0, 0.5, 4.0, //
+            2.0, -1.0, 0.5, 4.0, //
+            2.0, -1.0, 0.5, 4.0,
+        ];
+        let logits = Tensor::from_vec(l.clone(), &[3, 4], &Device::Cpu).unwrap();
+        let picks = Tensor::from_vec(vec![7u32, 3, 1], &[3], &Device::Cpu).unwrap();
+        let pens = [
+            Penalties {
+                repetition: 2.0,
+                ..Penalties::NONE
+            },
+            Penalties {
+                frequency: 1.0,
+                presence: 0.5,
+                ..Penalties::NONE
+            },
+            Penalties::NONE,
+        ];
+        let seen: [&[u32]; 3] = [&[0, 1, 1], &[2, 2, 9], &[0, 1, 2, 3]];
+        // row 0's token in flight is picks[1] = 3, row 1's picks[2] = 1
+        let flight = [(1u32, 0u32), (2, 1)];
+        let got: Vec<f32> = penalize_rows(&logits, &seen, Some((&picks, &flight)), &pens)
+            .unwrap()
+            .to_vec()
+            .unwrap();
+        let want = vec![
+            1.0, -4.0, 0.5, 2.0, //
+            2.0, -2.5, -2.0, 4.0, //
+            2.0, -1.0, 0.5, 4.0,
+        ];
+        assert_eq!(got, want);
+        // the host sampler's greedy picks over the same histories agree
+        for (r, p) in pens.iter().enumerate() {
+            let mut history = seen[r].to_vec();
+            if let Some(&(pick, _)) = flight.iter().find(|f| f.1 as usize == r) {
+                history.push([7u32, 3, 1][pick as usize]);
+            }
+            let mut host = crate::sampling::Sampler::new(crate::sampling::SamplingParams {
+                repetition_penalty: p.repetition,
+                frequency_penalty: p.frequency,
+                presence_penalty: p.presence,
+                ..crate::sampling::SamplingParams::greedy()
+            });
+            let row = &got[4 * r..4 * r + 4];
+            let best = (0..4).max_by(|&a, &b| row[a].total_cmp(&row[b])).unwrap();
+            assert_eq!(host.sample(&l[4 * r..4 * r + 4], &history), best as u32);
+        }
+        // bad operands
+        let bad = |seen: &[&[u32]], flight: &[(u32, u32)], pens: &[Penalties]| {
+            penalize_rows(&logits, seen, Some((&picks, flight)), pens).is_err()
+        };
+        assert!(bad(&seen[..2], &flight, &pens));
+        assert!(bad(&seen, &flight, &pens[..2]));
+        assert!(bad(&seen, &[(3, 0)], &pens));
+        assert!(bad(&seen, &[(0, 3)], &pens));
+        let nan = Penalties {
+            frequency: f32::NAN,
+            ..Penalties::NONE
+        };
+        assert!(bad(&seen, &flight, &[nan, nan, nan]));
+        let flat = Tensor::from_vec(l, &[12], &Device::Cpu).unwrap();
+        assert!(penalize_rows(&flat, &[&[]], None, &[Penalties::NONE]).is_err());
     }
 
     /// With top-k, top-p and min-p, the draws come in the proportions the

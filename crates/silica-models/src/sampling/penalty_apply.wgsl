@@ -1,27 +1,30 @@
-// penalty_apply.wgsl: out = the logits with each entry seen c > 0 times
-// divided by penalty^c where positive, multiplied by it where not (as the
-// host sampler demotes a token once per occurrence; penalty^c as c - 1
-// products, the same roundings as the CPU reference); the counts go back
-// to zero for the next use.
+// penalty_apply.wgsl: out = the logits, each entry seen c > 0 times by its
+// row demoted as the host sampler demotes it: divided by repetition^c
+// where positive, multiplied by it where not (repetition^c as c - 1
+// products, the same roundings as the CPU reference), then less
+// c * frequency + presence; the counts go back to zero for the next use.
 
 struct Params {
+    total: u32,
     vocab: u32,
-    penalty: f32,
     // workgroups along x: the grid may be split over x and y
     gx: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> logits: array<f32>;
-@group(0) @binding(2) var<storage, read> ids: array<u32>;
-@group(0) @binding(3) var<storage, read> more: array<u32>;
-@group(0) @binding(4) var<storage, read_write> counts: array<u32>;
-@group(0) @binding(5) var<storage, read_write> out: array<f32>;
+@group(0) @binding(2) var<storage, read> pairs: array<u32>;
+@group(0) @binding(3) var<storage, read> picks: array<u32>;
+@group(0) @binding(4) var<storage, read> flight: array<u32>;
+// per row: repetition, frequency, presence
+@group(0) @binding(5) var<storage, read> pens: array<f32>;
+@group(0) @binding(6) var<storage, read_write> counts: array<u32>;
+@group(0) @binding(7) var<storage, read_write> out: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let i = (wid.y * p.gx + wid.x) * 256u + lid;
-    if i >= p.vocab {
+    if i >= p.total {
         return;
     }
     let l = logits[i];
@@ -31,9 +34,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         return;
     }
     counts[i] = 0u;
-    var f = p.penalty;
+    let r = 3u * (i / p.vocab);
+    let rep = pens[r];
+    var f = rep;
     for (var k = 1u; k < c; k++) {
-        f *= p.penalty;
+        f *= rep;
     }
-    out[i] = select(l * f, l / f, l > 0.0);
+    let demoted = select(l * f, l / f, l > 0.0);
+    out[i] = demoted - (f32(c) * pens[r + 1u] + pens[r + 2u]);
 }
