@@ -273,6 +273,16 @@ fn the_openai_client_works_on_every_gpu() {
         // ready: prompts and 1 to 4 sequences at once build none
         let built = server.metric("silica_kernels_built_total");
         assert!(built > 0.0, "{dev}: no kernel built before ready");
+        // the answers make sense after the kernels were built ahead (whose
+        // steps once left the KV pool's RoPE tables undefined): the model
+        // counts on, greedily
+        let r = server.post(
+            "/v1/completions",
+            r#"{"prompt":"1, 2, 3, 4, 5, 6, 7, 8, 9, 10,","max_tokens":8,"temperature":0}"#,
+        );
+        assert_eq!(r.status, 200, "{}", r.body);
+        let text = r.json()["choices"][0]["text"].as_str().unwrap().to_string();
+        assert!(text.starts_with(" 11, 12"), "{dev}: {text:?}");
         let port = server.port;
         let clients: Vec<_> = (0..3)
             .map(|_| std::thread::spawn(move || stream_chat(port, 6, None).is_some()))
