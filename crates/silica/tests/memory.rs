@@ -516,3 +516,53 @@ fn cached_bind_groups_follow_reused_buffers() {
         }
     }
 }
+
+/// A long quantized product whose decoded f16 weights do not fit under the
+/// limit (on a GPU with cooperative matrices, where products of 256 rows
+/// decode their weights first) takes the quantized tiles instead of
+/// failing, and gives what it gives without the limit.
+#[test]
+fn a_decoded_product_that_does_not_fit_takes_the_quantized_tiles() {
+    let _serial = lock_device_state();
+    let Some(dev) = common::first_gpu() else {
+        return;
+    };
+    let _reset = NoLimitOnDrop(dev.clone());
+    // 144 tiles of 128x128: neither path splits K (no partial products)
+    let (m, n, k) = (384, 6144, 1024);
+    let w = silica::QTensor::random(silica::QuantFormat::Q4_0, &[n, k], 7, &dev).unwrap();
+    let x = Tensor::randn(&[m, k], DType::F16, 8, &dev).unwrap();
+    let free: Vec<f32> = x
+        .matmul_q(&w)
+        .unwrap()
+        .to_dtype(DType::F32)
+        .unwrap()
+        .to_vec()
+        .unwrap();
+    dev.empty_cache();
+    // room for the 4.5 MiB output and an f32 copy of it (where the kernel
+    // writes f32), not for the output and the 12 MiB of f16 weights
+    let limit = stats(&dev).reserved + 15 * MIB;
+    dev.set_memory_limit(Some(limit));
+    let tight: Vec<f32> = x
+        .matmul_q(&w)
+        .unwrap()
+        .to_dtype(DType::F32)
+        .unwrap()
+        .to_vec()
+        .unwrap();
+    dev.set_memory_limit(None);
+    // against the CPU's product of the decoded weights
+    let cpu = Device::cpu();
+    let wd = w.dequantize(DType::F32).unwrap().to_device(&cpu).unwrap();
+    let xc = x.to_dtype(DType::F32).unwrap().to_device(&cpu).unwrap();
+    let want: Vec<f32> = xc.matmul(&wd.t().unwrap()).unwrap().to_vec().unwrap();
+    let scale = want.iter().fold(0f32, |a, v| a.max(v.abs()));
+    for (name, got) in [("without a limit", &free), ("under the limit", &tight)] {
+        let err = got
+            .iter()
+            .zip(&want)
+            .fold(0f32, |a, (g, w)| a.max((g - w).abs()));
+        assert!(err <= 1e-2 * scale, "{name}: error {err} of {scale}");
+    }
+}

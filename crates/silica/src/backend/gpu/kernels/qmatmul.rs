@@ -384,6 +384,13 @@ pub(crate) fn qmatmul(
             reason: format!("no kernel fuses {fusion:?} for {m} rows"),
         });
     }
+    if !gemv_path && x16 && decodes_first(ctx, m, weight_rows, k) {
+        match decoded_product(ctx, format, x, w, m, n, k, out, out_dtype) {
+            // the scratch matrix did not fit: the quantized tiles need none
+            Err(Error::OutOfMemory { .. }) => {}
+            done => return done,
+        }
+    }
     let row_bytes = format.bytes_for(k);
     let max = ctx.max_groups() as usize;
     let (kernel, grid, gemv) = if gemv_path {
@@ -442,8 +449,6 @@ pub(crate) fn qmatmul(
         && narrow_partials(m, n, k) <= NARROW_PARTIAL_BYTES
     {
         return narrow_product(ctx, format, x, w, m, n, k, row_bytes, out, out_dtype);
-    } else if x16 && decodes_first(ctx, m, weight_rows, k) {
-        return decoded_product(ctx, format, x, w, m, n, k, out, out_dtype);
     } else if x16
         && super::matmul::coop_tiles(ctx)
         && (m >= COOP_MIN_M || narrow_coop(ctx, m, weight_rows, k))
