@@ -512,23 +512,26 @@ class Generator:
         activations in ``dtype`` (f32 unless given); quantized weights stay
         quantized unless ``dequantize``."""
     @overload
-    def generate(self, prompt: str, max_tokens: int = 128, temperature: float = 0.7, top_k: int = 40, top_p: float = 0.9, min_p: float = 0.05, repetition_penalty: float = 1.1, seed: int = 42, stop: Union[str, Sequence[str], None] = None, stream: Literal[False] = False) -> str:
+    def generate(self, prompt: str, max_tokens: int = 128, temperature: float = 0.7, top_k: int = 40, top_p: float = 0.9, min_p: float = 0.05, repetition_penalty: float = 1.1, seed: int = 42, stop: Union[str, Sequence[str], None] = None, stream: Literal[False] = False, frequency_penalty: float = 0.0, presence_penalty: float = 0.0) -> str:
         """The continuation of ``prompt`` (without the prompt): the whole
         text, or with ``stream=True`` an iterator of pieces as they come.
         ``temperature=0`` is greedy. The defaults are ``silica generate``'s,
         so ``generate(p, temperature=0)`` writes what ``silica generate p
         --temperature 0`` does. Stops at end-of-sequence, at one of ``stop``
-        (not included), after ``max_tokens``, or when the context is full."""
+        (not included), after ``max_tokens``, or when the context is full.
+        ``frequency_penalty`` and ``presence_penalty`` (-2 to 2) are
+        OpenAI's: a token seen c times loses ``c * frequency_penalty +
+        presence_penalty``."""
     @overload
-    def generate(self, prompt: str, max_tokens: int = 128, temperature: float = 0.7, top_k: int = 40, top_p: float = 0.9, min_p: float = 0.05, repetition_penalty: float = 1.1, seed: int = 42, stop: Union[str, Sequence[str], None] = None, *, stream: Literal[True]) -> GenerationStream: ...
+    def generate(self, prompt: str, max_tokens: int = 128, temperature: float = 0.7, top_k: int = 40, top_p: float = 0.9, min_p: float = 0.05, repetition_penalty: float = 1.1, seed: int = 42, stop: Union[str, Sequence[str], None] = None, *, stream: Literal[True], frequency_penalty: float = 0.0, presence_penalty: float = 0.0) -> GenerationStream: ...
     @overload
-    def chat(self, messages: _Messages, max_tokens: int = 128, temperature: float = 0.7, top_k: int = 40, top_p: float = 0.9, min_p: float = 0.05, repetition_penalty: float = 1.1, seed: int = 42, stop: Union[str, Sequence[str], None] = None, stream: Literal[False] = False) -> str:
+    def chat(self, messages: _Messages, max_tokens: int = 128, temperature: float = 0.7, top_k: int = 40, top_p: float = 0.9, min_p: float = 0.05, repetition_penalty: float = 1.1, seed: int = 42, stop: Union[str, Sequence[str], None] = None, stream: Literal[False] = False, frequency_penalty: float = 0.0, presence_penalty: float = 0.0) -> str:
         """The assistant's reply to ``messages`` (a string: one user
         message; or ``{"role": ..., "content": ...}`` dicts or ``(role,
         content)`` pairs), rendered with the model's own chat template (as
         ``silica generate --chat``). Settings and ``stream`` as ``generate``."""
     @overload
-    def chat(self, messages: _Messages, max_tokens: int = 128, temperature: float = 0.7, top_k: int = 40, top_p: float = 0.9, min_p: float = 0.05, repetition_penalty: float = 1.1, seed: int = 42, stop: Union[str, Sequence[str], None] = None, *, stream: Literal[True]) -> GenerationStream: ...
+    def chat(self, messages: _Messages, max_tokens: int = 128, temperature: float = 0.7, top_k: int = 40, top_p: float = 0.9, min_p: float = 0.05, repetition_penalty: float = 1.1, seed: int = 42, stop: Union[str, Sequence[str], None] = None, *, stream: Literal[True], frequency_penalty: float = 0.0, presence_penalty: float = 0.0) -> GenerationStream: ...
     def apply_chat_template(self, messages: _Messages, add_generation_prompt: bool = True) -> str:
         """The prompt text the model's chat template makes of ``messages``."""
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:

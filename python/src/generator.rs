@@ -228,7 +228,7 @@ impl PyGenerator {
     /// generate`'s, so `generate(p, temperature=0)` writes what `silica
     /// generate p --temperature 0` does. Stops at end-of-sequence, at one of
     /// `stop` (not included), after `max_tokens`, or when the context is full.
-    #[pyo3(signature = (prompt, max_tokens=128, temperature=0.7, top_k=40, top_p=0.9, min_p=0.05, repetition_penalty=1.1, seed=42, stop=None, stream=false))]
+    #[pyo3(signature = (prompt, max_tokens=128, temperature=0.7, top_k=40, top_p=0.9, min_p=0.05, repetition_penalty=1.1, seed=42, stop=None, stream=false, frequency_penalty=0.0, presence_penalty=0.0))]
     #[allow(clippy::too_many_arguments)]
     fn generate<'py>(
         &self,
@@ -243,6 +243,8 @@ impl PyGenerator {
         seed: u64,
         stop: Option<&Bound<'py, PyAny>>,
         stream: bool,
+        frequency_penalty: f32,
+        presence_penalty: f32,
     ) -> PyResult<Bound<'py, PyAny>> {
         let s = sampling(
             max_tokens,
@@ -250,7 +252,7 @@ impl PyGenerator {
             top_k,
             top_p,
             min_p,
-            repetition_penalty,
+            [repetition_penalty, frequency_penalty, presence_penalty],
             seed,
             stop,
         )?;
@@ -266,7 +268,7 @@ impl PyGenerator {
     /// message; or `{"role", "content"}` dicts / `(role, content)` pairs),
     /// rendered with the model's own chat template. Same settings and
     /// `stream` as `generate`.
-    #[pyo3(signature = (messages, max_tokens=128, temperature=0.7, top_k=40, top_p=0.9, min_p=0.05, repetition_penalty=1.1, seed=42, stop=None, stream=false))]
+    #[pyo3(signature = (messages, max_tokens=128, temperature=0.7, top_k=40, top_p=0.9, min_p=0.05, repetition_penalty=1.1, seed=42, stop=None, stream=false, frequency_penalty=0.0, presence_penalty=0.0))]
     #[allow(clippy::too_many_arguments)]
     fn chat<'py>(
         &self,
@@ -281,6 +283,8 @@ impl PyGenerator {
         seed: u64,
         stop: Option<&Bound<'py, PyAny>>,
         stream: bool,
+        frequency_penalty: f32,
+        presence_penalty: f32,
     ) -> PyResult<Bound<'py, PyAny>> {
         let s = sampling(
             max_tokens,
@@ -288,7 +292,7 @@ impl PyGenerator {
             top_k,
             top_p,
             min_p,
-            repetition_penalty,
+            [repetition_penalty, frequency_penalty, presence_penalty],
             seed,
             stop,
         )?;
@@ -447,12 +451,14 @@ fn sampling(
     top_k: usize,
     top_p: f32,
     min_p: f32,
-    repetition_penalty: f32,
+    penalties: [f32; 3],
     seed: u64,
     stop: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Sampling> {
+    let [repetition_penalty, frequency_penalty, presence_penalty] = penalties;
     let finite = [temperature, top_p, min_p, repetition_penalty]
         .iter()
+        .chain(&[frequency_penalty, presence_penalty])
         .all(|v| v.is_finite());
     if !finite || temperature < 0.0 {
         return Err(value_error(
@@ -465,6 +471,11 @@ fn sampling(
     if repetition_penalty <= 0.0 {
         return Err(value_error("repetition_penalty must be above 0 (1: off)"));
     }
+    if !(-2.0..=2.0).contains(&frequency_penalty) || !(-2.0..=2.0).contains(&presence_penalty) {
+        return Err(value_error(
+            "frequency_penalty and presence_penalty must be between -2 and 2 (0: off)",
+        ));
+    }
     Ok(Sampling {
         params: SamplingParams {
             temperature,
@@ -472,6 +483,8 @@ fn sampling(
             top_p,
             min_p,
             repetition_penalty,
+            frequency_penalty,
+            presence_penalty,
             seed,
             ..SamplingParams::greedy()
         },

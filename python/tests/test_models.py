@@ -78,6 +78,20 @@ def test_greedy_generate_matches_silica_generate(generator, cli):
     assert stats["stop_reason"] in ("eos", "max tokens")
 
 
+def test_openai_penalties_match_silica_generate(generator, cli):
+    text = generator.generate(PROMPT, max_tokens=24, temperature=0, repetition_penalty=1.0,
+                              frequency_penalty=1.5, presence_penalty=0.5)
+    want = run(cli, "generate", PROMPT, "--temperature", "0", "--max-tokens", "24", "--device", "cpu",
+               "--repeat-penalty", "1", "--frequency-penalty", "1.5", "--presence-penalty", "0.5")
+    assert PROMPT + text + "\n" == want
+    # the penalties change the text: the plain greedy continuation differs
+    plain = generator.generate(PROMPT, max_tokens=24, temperature=0, repetition_penalty=1.0)
+    assert text != plain
+    for bad in ({"frequency_penalty": 2.5}, {"presence_penalty": -3.0}, {"frequency_penalty": float("nan")}):
+        with pytest.raises(ValueError):
+            generator.generate(PROMPT, **bad)
+
+
 def test_greedy_generate_on_gpu_matches_silica_generate(gpu, cli):
     g = silica.Generator(device=gpu)
     text = g.generate(PROMPT, max_tokens=6, temperature=0)

@@ -59,6 +59,16 @@ pub struct GenerateArgs {
     #[arg(long, value_name = "X", default_value_t = 1.1, allow_negative_numbers = true,
           value_parser = parse_penalty)]
     repeat_penalty: f32,
+    /// Subtract this times the number of times a token already appeared
+    /// from its logit, -2 to 2 (OpenAI's frequency_penalty; 0: off).
+    #[arg(long, value_name = "F", default_value_t = 0.0, allow_negative_numbers = true,
+          value_parser = parse_openai_penalty)]
+    frequency_penalty: f32,
+    /// Subtract this from the logit of every token already present, -2 to 2
+    /// (OpenAI's presence_penalty; 0: off).
+    #[arg(long, value_name = "P", default_value_t = 0.0, allow_negative_numbers = true,
+          value_parser = parse_openai_penalty)]
+    presence_penalty: f32,
     /// Seed of the sampler: the same seed gives the same text.
     #[arg(long, default_value_t = 42, allow_negative_numbers = true, value_parser = parse_seed)]
     seed: u64,
@@ -125,6 +135,13 @@ fn parse_fraction(s: &str) -> Result<f32, String> {
     match parse_number(s)? {
         v if (0.0..=1.0).contains(&v) => Ok(v),
         _ => Err("expected a number from 0 to 1".to_string()),
+    }
+}
+
+fn parse_openai_penalty(s: &str) -> Result<f32, String> {
+    match parse_number(s)? {
+        v if (-2.0..=2.0).contains(&v) => Ok(v),
+        _ => Err("expected a number from -2 to 2 (0: off)".to_string()),
     }
 }
 
@@ -346,6 +363,8 @@ pub fn run(args: &GenerateArgs) -> Result<(), CliError> {
         top_p: args.top_p,
         min_p: args.min_p,
         repetition_penalty: args.repeat_penalty,
+        frequency_penalty: args.frequency_penalty,
+        presence_penalty: args.presence_penalty,
         seed: args.seed,
         ..SamplingParams::greedy()
     });

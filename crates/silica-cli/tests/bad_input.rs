@@ -379,6 +379,12 @@ fn bad_flag_values() {
     g("--top-p", "2", "expected a number from 0 to 1");
     g("--min-p", "-1", "expected a number from 0 to 1");
     g("--repeat-penalty", "0", "expected a number above 0");
+    g("--frequency-penalty", "3", "expected a number from -2 to 2");
+    g(
+        "--presence-penalty",
+        "-2.5",
+        "expected a number from -2 to 2",
+    );
     g("--stop", "", "the stop text is empty");
     g("--dtype", "f64", "unknown dtype \"f64\" (f32, f16 or bf16)");
     g("--seed", "-1", "invalid value '-1' for '--seed <SEED>'");
