@@ -486,7 +486,6 @@ fn sampling(
             frequency_penalty,
             presence_penalty,
             seed,
-            ..SamplingParams::greedy()
         },
         max_tokens,
         stop: stop_list(stop)?,

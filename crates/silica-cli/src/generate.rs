@@ -366,7 +366,6 @@ pub fn run(args: &GenerateArgs) -> Result<(), CliError> {
         frequency_penalty: args.frequency_penalty,
         presence_penalty: args.presence_penalty,
         seed: args.seed,
-        ..SamplingParams::greedy()
     });
     let mut decode_start: Option<Instant> = None;
     let mut prefill: Option<PrefillProfile> = None;
