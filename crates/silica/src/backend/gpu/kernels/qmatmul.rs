@@ -306,9 +306,10 @@ fn gemv_lanes(n: usize, k: usize, rows: usize) -> usize {
 /// sets take two weight rows at least, see [`gemv_rows`]) a product of `m`
 /// rows of x with `weight_rows` rows of w on this device: up to 8 rows of
 /// x always; up to `GpuFeatures::gemv_rows` in chunks of at most 8 while
-/// the chunks times the weight rows (of `k` values) stay within
-/// [`GEMV_CHUNK_ROWS`], except f16 x (`x16`) that [`narrow_coop`] sends
-/// to the cooperative-matrix kernel.
+/// there are at most [`GEMV_ANY_CHUNKS`] or the chunks times the weight
+/// rows (of `k` values) stay within [`GEMV_CHUNK_ROWS`], except f16 x
+/// (`x16`) that [`narrow_coop`] sends to the cooperative-matrix kernel or
+/// [`decodes_first`] to the f16 kernels.
 pub(crate) fn takes_gemv(ctx: &Context, m: usize, weight_rows: usize, k: usize, x16: bool) -> bool {
     let coop =
         x16 && (narrow_coop(ctx, m, weight_rows, k) || decodes_first(ctx, m, weight_rows, k));
@@ -525,9 +526,9 @@ pub(crate) fn qmatmul(
 }
 
 /// Most bytes of f16 weights a product decodes ahead of the f16 kernels
-/// (a scratch buffer of the pool): an 8B model's 14,336 x 4,096 product
-/// takes 117 MB; larger ones (a large vocabulary's LM head) keep the
-/// quantized tiles.
+/// (a scratch buffer of the pool): an 8B model's gate and up product
+/// (28,672 x 4,096) takes 235 MB; larger ones (a large vocabulary's LM
+/// head) keep the quantized tiles.
 const DECODED_MAX_BYTES: usize = 256 << 20;
 
 /// Tiles of 128x128 up to which [`decoded_product`] splits K: a 1B
