@@ -8,13 +8,18 @@ mod tiny_llama;
 use silica::{DType, Tensor};
 use silica_models::sampling::{Penalties, RowDraw, draw_rows, penalize, penalize_rows, row_cuts};
 
+/// Standard normal logits times `scale` on the CPU, from `seed`.
+fn logits_on_cpu(shape: &[usize], seed: u64, scale: f32) -> Tensor {
+    Tensor::randn(shape, DType::F32, seed, &silica::Device::cpu())
+        .unwrap()
+        .mul_scalar(scale)
+        .unwrap()
+}
+
 #[test]
 fn every_device_draws_the_cpu_tokens() {
     let (rows, vocab) = (48usize, 3000usize);
-    let logits = Tensor::randn(&[rows, vocab], DType::F32, 5, &silica::Device::cpu())
-        .unwrap()
-        .mul_scalar(3.0)
-        .unwrap();
+    let logits = logits_on_cpu(&[rows, vocab], 5, 3.0);
     let draws: Vec<RowDraw> = (0..rows as u64)
         .map(|r| {
             if r % 5 == 0 {
@@ -201,10 +206,7 @@ fn the_draw_kernels_translate_to_msl_and_spirv() {
 #[test]
 fn cuts_of_many_rows_keep_what_the_cpu_keeps() {
     let (rows, vocab) = (130usize, 5000usize);
-    let logits = Tensor::randn(&[rows, vocab], DType::F32, 11, &silica::Device::cpu())
-        .unwrap()
-        .mul_scalar(2.0)
-        .unwrap();
+    let logits = logits_on_cpu(&[rows, vocab], 11, 2.0);
     let mixed: Vec<RowDraw> = (0..rows as u64)
         .map(|r| RowDraw {
             inv_temperature: 1.0 / (0.5 + 0.1 * (r % 7) as f32),
@@ -297,10 +299,7 @@ fn generation_with_a_repetition_penalty_picks_on_a_gpu() {
     use silica_models::generate::generate;
     use silica_models::sampling::{Sampler, SamplingParams};
     let vocab = 3000;
-    let logits = Tensor::randn(&[1, vocab], DType::F32, 21, &silica::Device::cpu())
-        .unwrap()
-        .mul_scalar(3.0)
-        .unwrap();
+    let logits = logits_on_cpu(&[1, vocab], 21, 3.0);
     let seen: Vec<u32> = (0..400).map(|i| (i * 37 % 700) as u32).collect();
     let flight = Tensor::from_vec(vec![5u32], &[1], &silica::Device::cpu()).unwrap();
     let want: Vec<f32> = penalize(&logits, &seen, Some(&flight), 1.3)
@@ -385,10 +384,7 @@ fn row_penalties_match_the_cpu_on_every_device() {
     use silica_models::sampling::{Sampler, SamplingParams};
     let (rows, vocab) = (6, 3000);
     let cpu = silica::Device::cpu();
-    let logits = Tensor::randn(&[rows, vocab], DType::F32, 22, &cpu)
-        .unwrap()
-        .mul_scalar(3.0)
-        .unwrap();
+    let logits = logits_on_cpu(&[rows, vocab], 22, 3.0);
     let histories: Vec<Vec<u32>> = (0..rows)
         .map(|r| {
             (0..300 + 50 * r)

@@ -532,25 +532,17 @@ fn a_decoded_product_that_does_not_fit_takes_the_quantized_tiles() {
     let (m, n, k) = (384, 6144, 1024);
     let w = silica::QTensor::random(silica::QuantFormat::Q4_0, &[n, k], 7, &dev).unwrap();
     let x = Tensor::randn(&[m, k], DType::F16, 8, &dev).unwrap();
-    let free: Vec<f32> = x
-        .matmul_q(&w)
-        .unwrap()
-        .to_dtype(DType::F32)
-        .unwrap()
-        .to_vec()
-        .unwrap();
+    let product = || -> Vec<f32> {
+        let y = x.matmul_q(&w).unwrap();
+        y.to_dtype(DType::F32).unwrap().to_vec().unwrap()
+    };
+    let free = product();
     dev.empty_cache();
     // room for the 4.5 MiB output and an f32 copy of it (where the kernel
     // writes f32), not for the output and the 12 MiB of f16 weights
     let limit = stats(&dev).reserved + 15 * MIB;
     dev.set_memory_limit(Some(limit));
-    let tight: Vec<f32> = x
-        .matmul_q(&w)
-        .unwrap()
-        .to_dtype(DType::F32)
-        .unwrap()
-        .to_vec()
-        .unwrap();
+    let tight = product();
     dev.set_memory_limit(None);
     // against the CPU's product of the decoded weights
     let cpu = Device::cpu();

@@ -793,26 +793,22 @@ fn penalized(
     pending: Option<&Queued>,
     device: &silica::Device,
 ) -> silica_models::Result<Tensor> {
-    let pens: Vec<Penalties> = feeds
+    // each row's penalties and the history they count (none for a row
+    // that emits nothing or picks without them)
+    let (pens, seen): (Vec<Penalties>, Vec<&[u32]>) = feeds
         .iter()
         .map(|f| {
             let s = seqs.iter().find(|s| s.id == f.seq).filter(|_| f.emits);
-            s.and_then(|s| s.sampler.device_pick_on(s.drawn, device))
-                .and_then(|(_, p)| p)
-                .unwrap_or(Penalties::NONE)
+            let p = s.and_then(|s| s.sampler.device_pick_on(s.drawn, device));
+            match (s, p.and_then(|(_, p)| p)) {
+                (Some(s), Some(p)) => (p, &s.history[..]),
+                _ => (Penalties::NONE, &[][..]),
+            }
         })
-        .collect();
+        .unzip();
     if pens.iter().all(Penalties::is_none) {
         return Ok(logits);
     }
-    let seen: Vec<&[u32]> = feeds
-        .iter()
-        .zip(&pens)
-        .map(|(f, p)| match seqs.iter().find(|s| s.id == f.seq) {
-            Some(s) if !p.is_none() => &s.history[..],
-            _ => &[][..],
-        })
-        .collect();
     let flight: Vec<(u32, u32)> = feeds
         .iter()
         .zip(&pens)
