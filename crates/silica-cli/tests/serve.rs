@@ -324,6 +324,42 @@ fn the_openai_client_works_on_every_gpu() {
     }
 }
 
+/// A GPU server in f16 with the weights' decoded copies kept from 9 rows
+/// (`--keep-decoded`): its prompts' products multiply the copies, and the
+/// model still counts on, alone and beside other sequences.
+#[test]
+fn a_gpu_server_with_kept_decoded_weights_counts_on() {
+    for i in 0..silica::adapters().len() {
+        let dev = format!("gpu:{i}");
+        let server = Server::start(&[
+            "--device",
+            &dev,
+            "--parallel",
+            "4",
+            "--dtype",
+            "f16",
+            "--keep-decoded",
+            "9",
+        ]);
+        let port = server.port;
+        let count = move || {
+            let r = post(
+                port,
+                "/v1/completions",
+                r#"{"prompt":"1, 2, 3, 4, 5, 6, 7, 8, 9, 10,","max_tokens":8,"temperature":0}"#,
+            );
+            assert_eq!(r.status, 200, "{}", r.body);
+            r.json()["choices"][0]["text"].as_str().unwrap().to_string()
+        };
+        let text = count();
+        assert!(text.starts_with(" 11, 12"), "{dev}: {text:?}");
+        let clients: Vec<_> = (0..3).map(|_| std::thread::spawn(count)).collect();
+        for c in clients {
+            assert_eq!(c.join().unwrap(), text, "{dev}");
+        }
+    }
+}
+
 /// One non-streamed completion of 6 greedy tokens: the usage's prompt
 /// tokens and cached prompt tokens.
 fn complete_cached(server: &Server, prompt: &str) -> (u64, u64) {

@@ -66,6 +66,11 @@ pub const DEFAULT_DECODED_ROWS: u32 = 256;
 /// kernels take tensor cores from 64 rows on.
 pub const MIN_DECODED_ROWS: u32 = 64;
 
+/// Fewest rows [`GpuOptions::keep_decoded`] takes besides 0 (off): up to 8
+/// rows, one GEMV chunk reads the quantized weights, a quarter of the f16
+/// bytes or less.
+pub const MIN_KEPT_ROWS: u32 = 9;
+
 /// How a GPU device is opened. [`GpuOptions::from_env`] gives the
 /// process's settings (what `Device::gpu` uses); [`Default`] gives every
 /// feature the adapter offers, whatever the environment says.
@@ -118,6 +123,13 @@ pub struct GpuOptions {
     /// into f16 once and multiplied on the f16 tensor-core kernels: 0 (off)
     /// or at least [`MIN_DECODED_ROWS`]. `SILICA_DECODED_ROWS=N`.
     pub decoded_rows: u32,
+    /// Rows of f16 x from which a quantized product multiplies an f16 copy
+    /// of its weights, decoded at its first such product and kept as long
+    /// as the weights (2 bytes a weight beside the quantized ones): 0 (off,
+    /// the default) or at least [`MIN_KEPT_ROWS`]. A server's steps of many
+    /// sequences and short prompts then read f16 weights on the f16 kernels
+    /// instead of decoding blocks in every product. `SILICA_KEEP_DECODED=N`.
+    pub keep_decoded: u32,
     /// A missing kernel is an error instead of a CPU fallback.
     /// `SILICA_STRICT=1`.
     pub strict: bool,
@@ -146,6 +158,7 @@ impl Default for GpuOptions {
             coop_rows: DEFAULT_COOP_ROWS,
             narrow_kernel: true,
             decoded_rows: DEFAULT_DECODED_ROWS,
+            keep_decoded: 0,
             strict: false,
             check: false,
             profile: false,
@@ -200,6 +213,10 @@ impl GpuOptions {
             decoded_rows: match number("SILICA_DECODED_ROWS", d.decoded_rows, 0, u32::MAX) {
                 0 => 0,
                 n => n.max(MIN_DECODED_ROWS),
+            },
+            keep_decoded: match number("SILICA_KEEP_DECODED", d.keep_decoded, 0, u32::MAX) {
+                0 => 0,
+                n => n.max(MIN_KEPT_ROWS),
             },
             strict: on("SILICA_STRICT"),
             check: on("SILICA_CHECK"),
@@ -312,6 +329,7 @@ mod tests {
             ("SILICA_NO_PIPELINE_CACHE", "1"),
             ("SILICA_NO_NARROW", "1"),
             ("SILICA_DECODED_ROWS", "0"),
+            ("SILICA_KEEP_DECODED", "4"),
         ]);
         let want = GpuOptions {
             cooperative_matrix: false,
@@ -326,6 +344,7 @@ mod tests {
             coop_rows: 32,
             narrow_kernel: false,
             decoded_rows: 0,
+            keep_decoded: MIN_KEPT_ROWS,
             strict: true,
             check: true,
             profile: true,

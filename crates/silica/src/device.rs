@@ -378,6 +378,29 @@ impl Device {
         }
     }
 
+    /// The device `selector` names ([`Device::select`]), or without one the
+    /// device [`Device::best`] picks, with a GPU opened anew under
+    /// `options` ([`Device::gpu_with_options`]): for a tool whose own
+    /// settings differ from the environment's (`silica serve
+    /// --keep-decoded`).
+    pub fn select_with_options(selector: Option<&str>, options: &GpuOptions) -> Result<Device> {
+        let sel = match selector {
+            Some(s) => Some(s.to_string()),
+            None => crate::config::device_selector(),
+        };
+        let index = match sel {
+            Some(s) => match Selector::parse(&s)? {
+                Selector::Cpu => None,
+                parsed => parsed.resolve(&adapters(), &s)?,
+            },
+            None => default_gpu_index(),
+        };
+        match index {
+            Some(i) => Device::gpu_with_options(i, options),
+            None => Ok(Device::Cpu),
+        }
+    }
+
     /// The device a selector string names (the syntax of `SILICA_DEVICE`:
     /// `cpu`, `gpu`, `gpu:N`, `metal`, `vulkan`, `dx12`, `gl`, or part of an
     /// adapter's name).

@@ -109,12 +109,37 @@ pub struct GpuBuffer {
     id: u64,
     class: u64,
     pool: Arc<MemoryPool>,
+    /// Tensors computed from this buffer's contents and kept while it
+    /// lives, by a key their maker chooses (a quantized weight's decoded
+    /// f16 copy, see `qmatmul::kept_decoded`); they go back to the pool
+    /// with it.
+    derived: Mutex<Vec<(DerivedKey, crate::Tensor)>>,
 }
+
+/// What a derived tensor was computed from: the maker's kind of
+/// derivation, and the element offset, length and format of the part of
+/// the buffer it reads.
+pub(crate) type DerivedKey = [u64; 4];
 
 impl GpuBuffer {
     pub(crate) fn raw(&self) -> &wgpu::Buffer {
         // invariant: `buffer` is only taken in `drop`
         self.buffer.as_ref().expect("GpuBuffer used after drop")
+    }
+
+    /// The tensor kept under `key` (see [`GpuBuffer::keep_derived`]).
+    pub(crate) fn derived(&self, key: DerivedKey) -> Option<crate::Tensor> {
+        let kept = self.derived.lock().unwrap_or_else(|e| e.into_inner());
+        kept.iter().find(|(k, _)| *k == key).map(|(_, t)| t.clone())
+    }
+
+    /// Keeps `t`, computed from this buffer's contents, under `key` for as
+    /// long as the buffer lives. Its contents must not change meanwhile
+    /// (weights).
+    pub(crate) fn keep_derived(&self, key: DerivedKey, t: crate::Tensor) {
+        let mut kept = self.derived.lock().unwrap_or_else(|e| e.into_inner());
+        kept.retain(|(k, _)| *k != key);
+        kept.push((key, t));
     }
 }
 
@@ -256,6 +281,11 @@ impl MemoryPool {
         }
     }
 
+    /// The largest buffer a kernel can bind, in bytes.
+    pub fn max_binding(&self) -> u64 {
+        self.max_binding
+    }
+
     /// Whether tensor buffers can be mapped by the host (unified memory).
     pub fn mappable(&self) -> bool {
         self.usage.contains(wgpu::BufferUsages::MAP_WRITE)
@@ -326,6 +356,7 @@ impl MemoryPool {
             id,
             class,
             pool: self.clone(),
+            derived: Mutex::new(Vec::new()),
         };
         Ok((buf, mapped && created))
     }

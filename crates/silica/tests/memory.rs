@@ -558,3 +558,72 @@ fn a_decoded_product_that_does_not_fit_takes_the_quantized_tiles() {
         assert!(err <= 1e-2 * scale, "{name}: error {err} of {scale}");
     }
 }
+
+/// With `keep_decoded` at 16 rows, a quantized product of 16 rows of f16 x
+/// decodes its weights into an f16 copy once and keeps it with them: the
+/// copy stays allocated between products (the second product allocates
+/// nothing more) and goes back to the pool with the weights; products of 8
+/// rows and products recorded while kernels are only built keep nothing;
+/// the results equal the CPU's.
+#[test]
+fn kept_decoded_weights_live_as_long_as_the_weights() {
+    let _serial = lock_device_state();
+    for i in 0..common::gpu_devices().len() {
+        let opts = silica::GpuOptions {
+            keep_decoded: 16,
+            ..silica::GpuOptions::from_env()
+        };
+        let dev = Device::gpu_with_options(i, &opts).unwrap();
+        let Device::Gpu(g) = &dev else { unreachable!() };
+        let name = g.info().name.clone();
+        if !g.features().f16 {
+            eprintln!("{name}: no f16 kernels, nothing kept");
+            continue;
+        }
+        let (m, n, k) = (16, 256, 512);
+        let w = silica::QTensor::random(silica::QuantFormat::Q4_0, &[n, k], 3, &dev).unwrap();
+        let x = Tensor::randn(&[m, k], DType::F16, 4, &dev).unwrap();
+        let x8 = x.narrow(0, 0, 8).unwrap().contiguous().unwrap();
+        let product = |x: &Tensor| -> Vec<f32> {
+            let y = x.matmul_q(&w).unwrap();
+            y.to_dtype(DType::F32).unwrap().to_vec().unwrap()
+        };
+        let base = stats(&dev).allocated;
+        product(&x8);
+        assert_eq!(stats(&dev).allocated, base, "{name}: 8 rows keep nothing");
+        dev.build_kernels_only(|| x.matmul_q(&w).map(drop)).unwrap();
+        assert_eq!(
+            stats(&dev).allocated,
+            base,
+            "{name}: a product only built keeps nothing"
+        );
+        let first = product(&x);
+        let copy = (n * k * 2) as u64;
+        assert_eq!(
+            stats(&dev).allocated,
+            base + copy,
+            "{name}: the f16 copy is kept"
+        );
+        let second = product(&x);
+        assert_eq!(stats(&dev).allocated, base + copy, "{name}: and reused");
+        assert_eq!(first, second, "{name}");
+        let cpu = Device::cpu();
+        let wd = w.dequantize(DType::F32).unwrap().to_device(&cpu).unwrap();
+        let xc = x.to_dtype(DType::F32).unwrap().to_device(&cpu).unwrap();
+        let want: Vec<f32> = xc.matmul(&wd.t().unwrap()).unwrap().to_vec().unwrap();
+        let scale = want.iter().fold(0f32, |a, v| a.max(v.abs()));
+        let err = first
+            .iter()
+            .zip(&want)
+            .fold(0f32, |a, (g, w)| a.max((g - w).abs()));
+        assert!(err <= 1e-2 * scale, "{name}: error {err} of {scale}");
+        let words = w.size_in_bytes() as u64;
+        drop(w);
+        let left = stats(&dev).allocated;
+        // the words' buffer is at least their bytes (a size class)
+        assert!(
+            left <= base - words,
+            "{name}: {left} bytes left of {base} without the words ({words}) and their copy"
+        );
+    }
+}

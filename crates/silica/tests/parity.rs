@@ -349,8 +349,12 @@ fn reduce_cases(cases: &mut Vec<Case>) {
 }
 
 fn matmul_cases(cases: &mut Vec<Case>) {
-    let shapes: [(&[usize], &[usize]); 10] = [
+    let shapes: [(&[usize], &[usize]); 12] = [
         (&[65, 33], &[33, 67]),
+        // f16 on tensor cores under 64 rows, K in 4 parts; and K in 2
+        // parts below a leading dimension of 1
+        (&[20, 1024], &[1024, 264]),
+        (&[1, 300, 512], &[512, 72]),
         // f16 on tensor cores with fewer than 64 columns (LoRA projections)
         (&[130, 72], &[72, 40]),
         (&[130, 72], &[72, 8]),

@@ -82,6 +82,14 @@ pub struct ServeArgs {
     /// the rest.
     #[arg(long)]
     no_prompt_cache: bool,
+    /// Rows of a step (sequences decoded together, or a prompt's tokens)
+    /// from which quantized products multiply f16 copies of the weights,
+    /// decoded once and kept beside them: on a GPU with `--dtype f16`, 2
+    /// bytes a weight more for many times the throughput of many streams
+    /// (docs/tuning.md, "Decoded weights kept"); 0 off, else from 9
+    /// [default: SILICA_KEEP_DECODED, else 0]
+    #[arg(long, value_name = "ROWS")]
+    keep_decoded: Option<u32>,
 }
 
 /// What is served once loaded.
@@ -148,14 +156,15 @@ async fn serve(args: &ServeArgs, addr: SocketAddr, dtype: DType) -> Result<(), C
     let (load_tx, mut load_rx) = tokio::sync::oneshot::channel();
     {
         let state = state.clone();
-        let opts = (
-            args.model.clone(),
-            args.embed_model.clone(),
-            args.device.clone(),
-            args.parallel,
-            args.ctx,
-            !args.no_prompt_cache,
-        );
+        let opts = LoadArgs {
+            model: args.model.clone(),
+            embed: args.embed_model.clone(),
+            device: args.device.clone(),
+            parallel: args.parallel,
+            ctx: args.ctx,
+            prompt_cache: !args.no_prompt_cache,
+            keep_decoded: args.keep_decoded,
+        };
         std::thread::spawn(move || {
             let r = load(opts, dtype, metrics).map(|l| {
                 let _ = state.loaded.set(l);
@@ -244,19 +253,40 @@ async fn shutdown_signal() {
     }
 }
 
+/// What `load` takes of the command line.
+struct LoadArgs {
+    model: Option<String>,
+    embed: Option<String>,
+    device: Option<String>,
+    parallel: usize,
+    ctx: Option<usize>,
+    prompt_cache: bool,
+    keep_decoded: Option<u32>,
+}
+
 fn load(
-    (model, embed, device, parallel, ctx, prompt_cache): (
-        Option<String>,
-        Option<String>,
-        Option<String>,
-        usize,
-        Option<usize>,
-        bool,
-    ),
+    LoadArgs {
+        model,
+        embed,
+        device,
+        parallel,
+        ctx,
+        prompt_cache,
+        keep_decoded,
+    }: LoadArgs,
     dtype: DType,
     metrics: Arc<Metrics>,
 ) -> Result<Loaded, CliError> {
-    let device = crate::open_device(device.as_deref())?;
+    let device = match keep_decoded {
+        Some(rows) => {
+            let opts = silica::GpuOptions {
+                keep_decoded: rows,
+                ..silica::GpuOptions::from_env()
+            };
+            silica::Device::select_with_options(device.as_deref(), &opts)?
+        }
+        None => crate::open_device(device.as_deref())?,
+    };
     let path = resolve::resolve_decoder(model.as_deref())?;
     // the kernels an earlier server of this model used are built while it
     // loads (the engine waits for them before the server is ready)

@@ -24,7 +24,7 @@ use crate::{DType, DeviceInfo, Error, Op, Result, Tensor};
 pub use custom::GpuCall;
 pub(crate) use kernels::qmatmul;
 use kernels::{copy, elementwise, matmul, nn, reduce};
-pub(crate) use runtime::{Context, Kernel};
+pub(crate) use runtime::{Context, Kernel, building_only};
 pub use runtime::{GpuFeatures, KernelNeeds, KernelTime};
 
 /// A read-back of a range of elements under way.

@@ -156,12 +156,13 @@ const COOP_TILES_MEMORY: u32 = 49_152;
 /// "Cooperative-matrix tile shapes").
 const WIDE_MIN_GROUPS: usize = 256;
 
-/// Columns from which an f16 product of 64 rows or more takes
-/// matmul_coop_vec.wgsl (tiles of 128 columns) rather than the 64x64 f32
-/// tiles of matmul.wgsl: a LoRA adapter's projection of a 1,702-token
-/// prompt (N the rank, 8 to 48) took 139 µs there, about 22 on tensor
-/// cores (docs/tuning.md, "LoRA at prefill"). Below 8 columns a row of b
-/// is under 16 bytes.
+/// Columns from which an f16 product of more than 8 rows takes
+/// matmul_coop_vec.wgsl (tiles of 128 columns) rather than the f32 tiles
+/// of matmul.wgsl and matmul_big.wgsl: a LoRA adapter's projection of a
+/// 1,702-token prompt (N the rank, 8 to 48) took 139 µs there, about 22
+/// on tensor cores (docs/tuning.md, "LoRA at prefill"), and a 1B model's
+/// products of 16 rows a quarter of matmul_big's time ("Decoded weights
+/// kept"). Below 8 columns a row of b is under 16 bytes.
 const VEC_COOP_MIN_N: usize = 8;
 
 /// The grid of a tiled matmul kernel (not the staged `matmul_coop` ones,
@@ -304,6 +305,16 @@ pub(crate) fn matmul(
     let forced = *ctx.forced_matmul.lock().unwrap_or_else(|e| e.into_inner());
     let staged = staged_coop(ctx, dt, forced == Some("matmul_coop_sg4"));
     let vec = staged.is_some() && vec_coop(ctx, &acc, n, k);
+    let tiles = n.div_ceil(128) * m.div_ceil(128);
+    if forced.is_none() && batches == 1 && vec && n >= VEC_COOP_MIN_N && tiles <= SPLIT_TILES {
+        let mut parts = super::qmatmul::coop_splits(tiles, k, ctx.features().split_k as usize);
+        while parts > 1 && !k.is_multiple_of(parts * 8) {
+            parts /= 2;
+        }
+        if parts > 1 {
+            return split_k(ctx, a, b, [m, n, k], parts, out, out_dtype);
+        }
+    }
     let (kernel, grid) = if let Some(name) = forced.filter(|&f| match f {
         "matmul_coop" | "matmul_coop_sg4" => staged.is_some(),
         "matmul_coop_vec" | "matmul_coop_wide" => vec,
@@ -334,7 +345,7 @@ pub(crate) fn matmul(
     } else if vec && wide_groups >= WIDE_MIN_GROUPS {
         let kernel = &MATMUL_COOP_WIDE;
         (kernel, tile_grid(kernel, m, n, batches))
-    } else if vec && m >= 64 && n >= VEC_COOP_MIN_N {
+    } else if vec && n >= VEC_COOP_MIN_N {
         let kernel = &MATMUL_COOP_VEC;
         (kernel, tile_grid(kernel, m, n, batches))
     } else if let Some(s) = staged.filter(|_| m >= 64 && n >= 64) {
@@ -389,6 +400,44 @@ pub(crate) fn matmul(
             [grid[0] as u32, grid[1] as u32, grid[2] as u32],
         )
     })
+}
+
+/// Tiles of 128x128 up to which an f16 product on the tensor-core kernels
+/// is split along K (each part a batch, then summed): a 1B model's 64-tile
+/// products gain from 4 parts at 512 rows, and its 16-tile ones (2,048
+/// columns) from 8 at 16 rows, while 96 tiles in 2 parts and 128 lost
+/// (docs/tuning.md, "Weights decoded for long prompts").
+const SPLIT_TILES: usize = 64;
+
+/// `a @ b` of one batch `[m, k] @ [k, n]` (leading dimensions of size one
+/// aside) in `parts` parts of K, each part a batch of the f16 kernels into
+/// an f32 scratch, summed into `out` by split_sum.wgsl.
+fn split_k(
+    ctx: &Context,
+    a: &Tensor,
+    b: &Tensor,
+    [m, n, k]: [usize; 3],
+    parts: usize,
+    out: &GpuBuffer,
+    out_dtype: DType,
+) -> Result<()> {
+    let kp = k / parts;
+    let (la, lb) = (a.layout(), b.layout());
+    let r = la.rank();
+    let (sa, sb) = (&la.strides()[r - 2..], &lb.strides()[r - 2..]);
+    let a = a.view(Layout::new(
+        vec![parts, m, kp],
+        vec![kp * sa[1], sa[0], sa[1]],
+        la.offset(),
+    ));
+    let b = b.view(Layout::new(
+        vec![parts, kp, n],
+        vec![kp * sb[0], sb[0], sb[1]],
+        lb.offset(),
+    ));
+    let partial = ctx.pool.alloc((parts * m * n * 4) as u64)?;
+    matmul(ctx, &a, &b, &[parts, m, n], &partial, DType::F32)?;
+    super::qmatmul::sum_parts(ctx, &partial, parts, m * n, None, out, out_dtype)
 }
 
 /// The specialization constants of a launch: dtypes, the loading paths, and

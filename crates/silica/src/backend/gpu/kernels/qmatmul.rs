@@ -5,7 +5,6 @@
 use super::elementwise::via_f32;
 use super::launch::{buffer, to_u32};
 use super::{Context, Kernel, KernelNeeds};
-use crate::layout::Layout;
 use crate::memory::GpuBuffer;
 use crate::quant::QuantFormat;
 use crate::storage::Storage;
@@ -531,21 +530,66 @@ pub(crate) fn qmatmul(
 /// head) keep the quantized tiles.
 const DECODED_MAX_BYTES: usize = 256 << 20;
 
-/// Tiles of 128x128 up to which [`decoded_product`] splits K: a 1B
-/// model's 64-tile products gain from 4 parts, while 96 tiles (its qkv) in
-/// 2 parts and 128 (an 8B model's wo and down) lost (docs/tuning.md,
-/// "Weights decoded for long prompts").
-const DECODED_SPLIT_TILES: usize = 64;
-
 /// Whether a product of `m` rows of f16 x takes [`decoded_product`]: from
 /// `GpuFeatures::decoded_rows` rows on (0: never), where the f16
-/// tensor-core kernels run, and within [`DECODED_MAX_BYTES`].
+/// tensor-core kernels run, and within [`DECODED_MAX_BYTES`]; or on its
+/// kept f16 weights (see [`keeps_decoded`]).
 pub(crate) fn decodes_first(ctx: &Context, m: usize, weight_rows: usize, k: usize) -> bool {
     let rows = ctx.features().decoded_rows as usize;
+    keeps_decoded(ctx, m, weight_rows, k)
+        || (rows > 0
+            && m >= rows
+            && super::matmul::coop_tiles(ctx)
+            && weight_rows * k * 2 <= DECODED_MAX_BYTES)
+}
+
+/// Whether a product of `m` rows of f16 x multiplies an f16 copy of its
+/// weights kept beside them: from `GpuFeatures::keep_decoded` rows on (0:
+/// never, the user's choice, since the copy takes 2 bytes a weight), on
+/// any adapter with f16 kernels, for weights of one buffer binding.
+pub(crate) fn keeps_decoded(ctx: &Context, m: usize, weight_rows: usize, k: usize) -> bool {
+    let rows = ctx.features().keep_decoded as usize;
     rows > 0
         && m >= rows
-        && super::matmul::coop_tiles(ctx)
-        && weight_rows * k * 2 <= DECODED_MAX_BYTES
+        && ctx.features().f16
+        && (weight_rows * k * 2) as u64 <= ctx.pool.max_binding()
+}
+
+/// What a weight buffer's decoded f16 copy is kept under: the words'
+/// offset and length, and the format.
+fn kept_key(format: QuantFormat, w: &Tensor) -> crate::memory::DerivedKey {
+    [
+        1,
+        w.layout().offset() as u64,
+        w.numel() as u64,
+        format as u64,
+    ]
+}
+
+/// The f16 copy `[n, k]` of the weights `w`, decoded now (into a buffer of
+/// the pool) and kept with `w`'s buffer for
+/// its lifetime when `keep`, except while kernels are only being built
+/// (nothing runs then, so the copy would hold undefined values).
+fn decoded_weights(
+    ctx: &Context,
+    format: QuantFormat,
+    w: &Tensor,
+    n: usize,
+    k: usize,
+    keep: bool,
+) -> Result<Tensor> {
+    let key = kept_key(format, w);
+    if keep && let Some(t) = buffer(w).derived(key) {
+        return Ok(t);
+    }
+    let scratch = ctx.pool.alloc((n * k * 2) as u64)?;
+    decode_rows(ctx, format, None, n, w, k, &scratch, DType::F16)?;
+    let device = w.device().clone();
+    let wt = Tensor::from_parts(Storage::Gpu(scratch), &[n, k], DType::F16, device);
+    if keep && !crate::backend::gpu::building_only() {
+        buffer(w).keep_derived(key, wt.clone());
+    }
+    Ok(wt)
 }
 
 /// `x @ wᵀ` with the weights first decoded into an f16 scratch matrix
@@ -564,31 +608,11 @@ fn decoded_product(
     out: &GpuBuffer,
     out_dtype: DType,
 ) -> Result<()> {
-    let scratch = ctx.pool.alloc((n * k * 2) as u64)?;
-    decode_rows(ctx, format, None, n, w, k, &scratch, DType::F16)?;
-    let device = x.device().clone();
-    let wt = Tensor::from_parts(Storage::Gpu(scratch), &[n, k], DType::F16, device);
+    let keep = keeps_decoded(ctx, m, n, k);
+    let wt = decoded_weights(ctx, format, w, n, k, keep)?;
     let x = x.reshape(&[m, k])?;
-    // K split as for the quantized tiles where they would be few, each
-    // part a batch of the f16 kernel (runs of 8 halves stay whole)
-    let tiles = n.div_ceil(128) * m.div_ceil(128);
-    let mut parts = match tiles <= DECODED_SPLIT_TILES {
-        true => coop_splits(tiles, k, ctx.features().split_k as usize),
-        false => 1,
-    };
-    while parts > 1 && !k.is_multiple_of(parts * 8) {
-        parts /= 2;
-    }
-    if parts == 1 {
-        return super::matmul::matmul(ctx, &x, &wt.t()?, &[m, n], out, out_dtype);
-    }
-    let kp = k / parts;
-    let off = x.layout().offset();
-    let a = x.view(Layout::new(vec![parts, m, kp], vec![kp, k, 1], off));
-    let b = wt.view(Layout::new(vec![parts, kp, n], vec![kp, 1, k], 0));
-    let partial = ctx.pool.alloc((parts * m * n * 4) as u64)?;
-    super::matmul::matmul(ctx, &a, &b, &[parts, m, n], &partial, DType::F32)?;
-    sum_parts(ctx, &partial, parts, m * n, None, out, out_dtype)
+    // (the f16 kernels split K themselves where the tiles are few)
+    super::matmul::matmul(ctx, &x, &wt.t()?, &[m, n], out, out_dtype)
 }
 
 /// The cooperative-matrix product on a grid of `grid[2]` parts of K: each
@@ -623,7 +647,7 @@ fn split_product(
 /// the `parts` f32 partial products in `partial`, laid end to end, or with
 /// `rows` (columns of out, row pitch of the parts) as qmatmul_narrow.wgsl
 /// lays them.
-fn sum_parts(
+pub(crate) fn sum_parts(
     ctx: &Context,
     partial: &GpuBuffer,
     parts: usize,

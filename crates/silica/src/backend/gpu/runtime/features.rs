@@ -46,6 +46,9 @@ pub struct GpuFeatures {
     /// Rows of f16 x from which quantized products decode their weights
     /// into f16 and take the f16 tensor-core kernels (0: never).
     pub decoded_rows: u32,
+    /// Rows of f16 x from which quantized products multiply an f16 copy of
+    /// their weights kept beside them (0: never).
+    pub keep_decoded: u32,
 }
 
 impl GpuFeatures {
@@ -85,6 +88,10 @@ impl GpuFeatures {
                     .features()
                     .contains(wgpu::Features::SUBGROUP | wgpu::Features::SUBGROUP_BARRIER),
             decoded_rows: opts.decoded_rows,
+            keep_decoded: match opts.keep_decoded {
+                0 => 0,
+                n => n.max(crate::config::MIN_KEPT_ROWS),
+            },
         }
     }
 

@@ -27,13 +27,13 @@ pub(crate) use pipelines::Kernel;
 #[cfg(test)]
 pub(crate) use pipelines::kernel_source;
 pub use profiling::KernelTime;
-pub(crate) use submission::kernels_only;
+pub(crate) use submission::{building_only, kernels_only};
 pub(crate) use transfers::PendingBytes;
 
 use disk_cache::DiskCache;
 use pipelines::{Built, LayoutKey, ModuleMap, PipelineKey};
 use profiling::{ProfileMap, Timing};
-use submission::{Pending, building_only};
+use submission::Pending;
 
 /// Threads per workgroup of the one-dimensional kernels.
 pub(crate) const WG: u32 = 256;

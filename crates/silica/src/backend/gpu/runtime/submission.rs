@@ -48,7 +48,7 @@ thread_local! {
 }
 
 /// Whether this thread is in [`kernels_only`].
-pub(super) fn building_only() -> bool {
+pub(crate) fn building_only() -> bool {
     KERNELS_ONLY.with(|k| k.get())
 }
 
