@@ -51,6 +51,14 @@ pub(crate) struct MemoryPool {
     /// [`MemoryPool::bind_group`]). A bind group keeps its buffers alive, so
     /// the cache is emptied whenever the pool lets buffers go.
     bind_groups: Mutex<hashbrown::HashMap<GroupKey, wgpu::BindGroup>>,
+    /// The buffers' kept tensors (see [`GpuBuffer::keep_derived`]).
+    kept: Mutex<Vec<std::sync::Weak<DerivedSlot>>>,
+    /// Set once memory ran short with tensors kept: none are kept after.
+    kept_released: std::sync::atomic::AtomicBool,
+}
+
+fn lock_slot(slot: &DerivedSlot) -> MutexGuard<'_, Vec<(DerivedKey, crate::Tensor)>> {
+    slot.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Buffers a cached bind group holds at most: wgpu's default limit of
@@ -113,8 +121,12 @@ pub struct GpuBuffer {
     /// lives, by a key their maker chooses (a quantized weight's decoded
     /// f16 copy, see `qmatmul::kept_decoded`); they go back to the pool
     /// with it.
-    derived: Mutex<Vec<(DerivedKey, crate::Tensor)>>,
+    derived: std::sync::OnceLock<Arc<DerivedSlot>>,
 }
+
+/// The tensors kept with a buffer, shared with its pool's list so that the
+/// pool can let them go when memory runs short.
+type DerivedSlot = Mutex<Vec<(DerivedKey, crate::Tensor)>>;
 
 /// What a derived tensor was computed from: the maker's kind of
 /// derivation, and the element offset, length and format of the part of
@@ -129,17 +141,30 @@ impl GpuBuffer {
 
     /// The tensor kept under `key` (see [`GpuBuffer::keep_derived`]).
     pub(crate) fn derived(&self, key: DerivedKey) -> Option<crate::Tensor> {
-        let kept = self.derived.lock().unwrap_or_else(|e| e.into_inner());
+        let kept = lock_slot(self.derived.get()?);
         kept.iter().find(|(k, _)| *k == key).map(|(_, t)| t.clone())
     }
 
     /// Keeps `t`, computed from this buffer's contents, under `key` for as
-    /// long as the buffer lives. Its contents must not change meanwhile
-    /// (weights).
+    /// long as the buffer lives, or until the pool runs short of memory
+    /// (see [`MemoryPool::keeps_derived`]). Its contents must not change
+    /// meanwhile (weights).
     pub(crate) fn keep_derived(&self, key: DerivedKey, t: crate::Tensor) {
-        let mut kept = self.derived.lock().unwrap_or_else(|e| e.into_inner());
-        kept.retain(|(k, _)| *k != key);
-        kept.push((key, t));
+        let mut first = false;
+        let slot = self.derived.get_or_init(|| {
+            first = true;
+            Arc::new(Mutex::new(Vec::new()))
+        });
+        {
+            let mut kept = lock_slot(slot);
+            kept.retain(|(k, _)| *k != key);
+            kept.push((key, t));
+        }
+        if first {
+            let mut list = self.pool.kept.lock().unwrap_or_else(|e| e.into_inner());
+            list.retain(|w| w.strong_count() > 0);
+            list.push(Arc::downgrade(slot));
+        }
     }
 }
 
@@ -173,6 +198,8 @@ impl MemoryPool {
             usage,
             state: Mutex::new(PoolState::default()),
             bind_groups: Mutex::new(hashbrown::HashMap::new()),
+            kept: Mutex::new(Vec::new()),
+            kept_released: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -305,9 +332,49 @@ impl MemoryPool {
         self.alloc_as(bytes, self.mappable())
     }
 
+    /// Whether tensors may still be kept with buffers: not once memory ran
+    /// short while some were (they are let go then, and none kept after,
+    /// so that they cannot crowd out the work).
+    pub(crate) fn keeps_derived(&self) -> bool {
+        !self
+            .kept_released
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Lets go of every kept tensor (see [`MemoryPool::keeps_derived`]);
+    /// whether there was any.
+    fn release_kept(&self) -> bool {
+        let slots = std::mem::take(&mut *self.kept.lock().unwrap_or_else(|e| e.into_inner()));
+        let mut tensors = Vec::new();
+        for slot in slots.iter().filter_map(std::sync::Weak::upgrade) {
+            tensors.extend(lock_slot(&slot).drain(..).map(|(_, t)| t));
+        }
+        if tensors.is_empty() {
+            return false;
+        }
+        self.kept_released
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        tracing::warn!(
+            "{}: memory ran short, so the {} decoded weight copies kept (SILICA_KEEP_DECODED) were let go and none will be kept",
+            self.device_name,
+            tensors.len()
+        );
+        // their buffers return to the free lists here, outside every lock
+        drop(tensors);
+        true
+    }
+
     /// `mapped`: a buffer created for it is created mapped; the flag says
-    /// whether that happened.
+    /// whether that happened. Out of memory with tensors kept lets them go
+    /// and tries again.
     fn alloc_as(self: &Arc<Self>, bytes: u64, mapped: bool) -> Result<(GpuBuffer, bool)> {
+        match self.alloc_once(bytes, mapped) {
+            Err(Error::OutOfMemory { .. }) if self.release_kept() => self.alloc_once(bytes, mapped),
+            done => done,
+        }
+    }
+
+    fn alloc_once(self: &Arc<Self>, bytes: u64, mapped: bool) -> Result<(GpuBuffer, bool)> {
         let bytes = bytes.max(4).next_multiple_of(4);
         if bytes > self.max_binding {
             return Err(Error::TooLarge {
@@ -356,7 +423,7 @@ impl MemoryPool {
             id,
             class,
             pool: self.clone(),
-            derived: Mutex::new(Vec::new()),
+            derived: std::sync::OnceLock::new(),
         };
         Ok((buf, mapped && created))
     }

@@ -627,3 +627,60 @@ fn kept_decoded_weights_live_as_long_as_the_weights() {
         );
     }
 }
+
+/// Kept f16 copies give way when memory runs short: an allocation that
+/// fits only without them lets them go and succeeds, and no copy is kept
+/// after (the products are right either way).
+#[test]
+fn kept_decoded_weights_give_way_when_memory_runs_short() {
+    let _serial = lock_device_state();
+    for i in 0..common::gpu_devices().len() {
+        let opts = silica::GpuOptions {
+            keep_decoded: 16,
+            ..silica::GpuOptions::from_env()
+        };
+        let dev = Device::gpu_with_options(i, &opts).unwrap();
+        let Device::Gpu(g) = &dev else { unreachable!() };
+        let name = g.info().name.clone();
+        if !g.features().f16 {
+            continue;
+        }
+        let _reset = NoLimitOnDrop(dev.clone());
+        let (m, n, k) = (16, 512, 1024);
+        let w = silica::QTensor::random(silica::QuantFormat::Q4_0, &[n, k], 5, &dev).unwrap();
+        let x = Tensor::randn(&[m, k], DType::F16, 6, &dev).unwrap();
+        let product = || -> Vec<f32> {
+            let y = x.matmul_q(&w).unwrap();
+            y.to_dtype(DType::F32).unwrap().to_vec().unwrap()
+        };
+        let kept = product();
+        let copy = (n * k * 2) as u64;
+        dev.empty_cache();
+        let s = stats(&dev);
+        // room for half the copy beside what is allocated now
+        dev.set_memory_limit(Some(s.allocated + copy / 2));
+        let big = Tensor::zeros(&[(copy / 4) as usize], DType::F32, &dev);
+        assert!(big.is_ok(), "{name}: {:?}", big.err());
+        // as many bytes as the copy: it fits only where the copy went
+        assert_eq!(
+            stats(&dev).allocated,
+            s.allocated,
+            "{name}: the copy gave way to the new tensor"
+        );
+        drop(big);
+        dev.set_memory_limit(None);
+        let before = stats(&dev).allocated;
+        let again = product();
+        assert_eq!(
+            stats(&dev).allocated,
+            before,
+            "{name}: a copy was kept again"
+        );
+        let err = kept
+            .iter()
+            .zip(&again)
+            .fold(0f32, |a, (p, q)| a.max((p - q).abs()));
+        let scale = kept.iter().fold(0f32, |a, v| a.max(v.abs()));
+        assert!(err <= 1e-2 * scale, "{name}: error {err} of {scale}");
+    }
+}

@@ -546,13 +546,15 @@ pub(crate) fn decodes_first(ctx: &Context, m: usize, weight_rows: usize, k: usiz
 /// Whether a product of `m` rows of f16 x multiplies an f16 copy of its
 /// weights kept beside them: from `GpuFeatures::keep_decoded` rows on (0:
 /// never, the user's choice, since the copy takes 2 bytes a weight), on
-/// any adapter with f16 kernels, for weights of one buffer binding.
+/// any adapter with f16 kernels, for weights of one buffer binding, until
+/// memory runs short (the pool then lets every copy go).
 pub(crate) fn keeps_decoded(ctx: &Context, m: usize, weight_rows: usize, k: usize) -> bool {
     let rows = ctx.features().keep_decoded as usize;
     rows > 0
         && m >= rows
         && ctx.features().f16
         && (weight_rows * k * 2) as u64 <= ctx.pool.max_binding()
+        && ctx.pool.keeps_derived()
 }
 
 /// What a weight buffer's decoded f16 copy is kept under: the words'
