@@ -831,7 +831,10 @@ fn max16(v: &[f32]) -> f32 {
     let (c, t) = v.as_chunks::<16>();
     for x in c {
         for l in 0..16 {
-            acc[l] = acc[l].max(x[l]);
+            // a comparison, one max instruction a vector: `f32::max`'s NaN
+            // rule costs a test and a blend more (a NaN compares false
+            // here and is ignored too, the lanes never holding one)
+            acc[l] = if x[l] > acc[l] { x[l] } else { acc[l] };
         }
     }
     let m = acc.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
@@ -887,13 +890,16 @@ pub(super) fn exp<const FUSED: bool>(x: f32) -> f32 {
     // ln 2 in two parts: n * C1 is exact for the n that occur
     const C1: f32 = 0.693_359_4;
     const C2: f32 = -2.121_944_4e-4;
+    // 1.5 · 2^23: adding it rounds a float of magnitude below 2^22 to an
+    // integer held in the low bits of the sum's mantissa
+    const ROUND: f32 = 12_582_912.0;
     let live = x >= -87.0;
     let xc = x.clamp(-87.0, 88.0);
-    // floor of v in [-125, 128) through truncation: `floor` is a libm call
-    // on x86-64 without SSE4.1
-    let v = xc * LOG2E + 0.5;
-    let t = v as i32 as f32;
-    let n = if t > v { t - 1.0 } else { t };
+    // n = round(xc / ln 2) in [-126, 127] by the magic sum, in float and
+    // integer operations only: a float-to-int cast saturates and maps NaN
+    // to 0 in Rust, which keeps it (and the loop) scalar
+    let shifted = xc * LOG2E + ROUND;
+    let n = shifted - ROUND;
     let r = xc - n * C1 - n * C2;
     let mut p = 1.987_569_1e-4f32;
     p = madd::<FUSED>(p, r, 1.398_199_9e-3);
@@ -902,8 +908,15 @@ pub(super) fn exp<const FUSED: bool>(x: f32) -> f32 {
     p = madd::<FUSED>(p, r, 1.666_666_5e-1);
     p = madd::<FUSED>(p, r, 0.5);
     let e = madd::<FUSED>(p * r, r, r) + 1.0;
-    // 2^n: n in [-126, 127] here
-    let two_n = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    // 2^n from the sum's low bits (n in [-126, 127] here; garbage for a
+    // NaN, which `live` turns into 0)
+    let two_n = f32::from_bits(
+        shifted
+            .to_bits()
+            .wrapping_sub(ROUND.to_bits())
+            .wrapping_add(127)
+            << 23,
+    );
     let e = if x > 88.0 { f32::INFINITY } else { e * two_n };
     if live { e } else { 0.0 }
 }
@@ -1073,7 +1086,7 @@ mod tests {
         assert_eq!(exp(f32::INFINITY), f32::INFINITY);
         let big = f64::from(exp(88.0));
         assert!((big / 88f64.exp() - 1.0).abs() < 3e-7);
-        // where the truncating floor must step down: negative non-integers
+        // negative non-integers and values near the rounding ties
         for x in [-0.4f32, -0.35, -1.0, -3.3, -60.7, -86.9] {
             let want = f64::from(x).exp();
             assert!((f64::from(exp(x)) / want - 1.0).abs() < 3e-7, "exp({x})");

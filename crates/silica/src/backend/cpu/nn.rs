@@ -38,6 +38,14 @@ pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f32, out: DType) -> CpuStorage {
     let xs = values(x);
     let ws = values(w);
     let mut y = vec![0f32; xs.len()];
+    if super::int8_now() {
+        // the fast path: the mean square in f32 lanes
+        let isa = crate::cpu_isa();
+        map_rows(&mut y, n, |r, o| {
+            rms_norm_row(isa, &xs[r * n..(r + 1) * n], &ws, eps, o)
+        });
+        return CpuStorage::from_f32(y, out);
+    }
     map_rows(&mut y, n, |r, o| {
         let row = &xs[r * n..(r + 1) * n];
         let ms = row.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>() / n as f64;
@@ -77,6 +85,46 @@ pub fn layer_norm(x: &Tensor, w: &Tensor, b: &Tensor, eps: f32, out: DType) -> C
         }
     });
     CpuStorage::from_f32(y, out)
+}
+
+/// One row of RMSNorm in f32 (the mean square in 16 lanes), through the
+/// widest kernel `isa` allows.
+fn rms_norm_row(isa: crate::CpuIsa, x: &[f32], w: &[f32], eps: f32, o: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if isa >= crate::CpuIsa::Avx512 {
+            // SAFETY: cpu_isa is never above what the processor has, which
+            // covers the features the function is compiled for
+            return unsafe { rms_norm_row_avx512(x, w, eps, o) };
+        }
+        if isa >= crate::CpuIsa::Avx2 {
+            // SAFETY: as above
+            return unsafe { rms_norm_row_avx2(x, w, eps, o) };
+        }
+    }
+    let _ = isa;
+    rms_norm_row_any(x, w, eps, o)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+fn rms_norm_row_avx512(x: &[f32], w: &[f32], eps: f32, o: &mut [f32]) {
+    rms_norm_row_any(x, w, eps, o)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn rms_norm_row_avx2(x: &[f32], w: &[f32], eps: f32, o: &mut [f32]) {
+    rms_norm_row_any(x, w, eps, o)
+}
+
+#[inline(always)]
+fn rms_norm_row_any(x: &[f32], w: &[f32], eps: f32, o: &mut [f32]) {
+    let ms = lanes_sum(x, |v| v * v) / x.len() as f32;
+    let inv = 1.0 / (ms + eps).sqrt();
+    for ((o, &v), &g) in o.iter_mut().zip(x).zip(w) {
+        *o = v * inv * g;
+    }
 }
 
 /// One row of LayerNorm in f32 (mean, then the variance around it, in 16
@@ -298,7 +346,32 @@ pub fn attention(inputs: &[&Tensor], scale: f32, causal: bool, out: DType) -> Cp
 
 #[cfg(test)]
 mod tests {
-    use super::layer_norm_row;
+    use super::{layer_norm_row, rms_norm_row};
+
+    #[test]
+    fn the_f32_rms_norm_matches_the_f64_one() {
+        // rows shorter than, equal to and past 16 lanes, on every path
+        for isa in crate::cpu_isa_available() {
+            for n in [1usize, 7, 16, 33, 576, 2048] {
+                let x: Vec<f32> = (0..n)
+                    .map(|i| ((i * 37 % 11) as f32 - 5.0) * 0.75)
+                    .collect();
+                let w: Vec<f32> = (0..n).map(|i| 0.5 + (i % 3) as f32 * 0.25).collect();
+                let mut got = vec![0f32; n];
+                rms_norm_row(isa, &x, &w, 1e-5, &mut got);
+                let ms = x.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / n as f64;
+                let inv = 1.0 / (ms + 1e-5).sqrt();
+                for i in 0..n {
+                    let want = x[i] as f64 * inv * w[i] as f64;
+                    assert!(
+                        (got[i] as f64 - want).abs() <= 1e-5 * want.abs().max(1.0),
+                        "{isa:?} n {n} [{i}]: {} vs {want}",
+                        got[i]
+                    );
+                }
+            }
+        }
+    }
 
     #[test]
     fn the_f32_layer_norm_matches_the_f64_one() {
