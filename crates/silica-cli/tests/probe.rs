@@ -108,9 +108,11 @@ fn train(set: &'static str, device: &str, extra: &[&str], name: &str) -> ProbeSe
 }
 
 /// Asserts each layer's held-out accuracy is within 1 point of scikit-learn's,
-/// or within 2 held-out rows for one-vs-rest on two classes: there
+/// or within 3 held-out rows for one-vs-rest on two classes: there
 /// scikit-learn's `OneVsRestClassifier` fits a single classifier, silica one
-/// per class, so a row at the boundary may fall either way.
+/// per class, so rows at the boundary may fall either way (the sentiment
+/// set's last layer: 2 rows apart on the activations of the golden's first
+/// generation, 3 on those of its second, scripts/probe_sklearn.py).
 fn check_against_sklearn(set: &str, probes: &ProbeSet, kind: &str, what: &str) {
     let g = &golden()["sets"][set];
     let holdout: Vec<usize> = serde_json::from_value(g["holdout"].clone()).unwrap();
@@ -121,7 +123,7 @@ fn check_against_sklearn(set: &str, probes: &ProbeSet, kind: &str, what: &str) {
     let binary_ovr =
         kind == "one-vs-rest" && probes.probes.first().is_some_and(|p| p.classes.len() == 2);
     let tolerance = if binary_ovr {
-        (2.0 / holdout.len() as f64).max(0.01)
+        (3.0 / holdout.len() as f64).max(0.01)
     } else {
         0.01
     };
