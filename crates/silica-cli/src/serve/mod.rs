@@ -277,6 +277,11 @@ fn load(
     dtype: DType,
     metrics: Arc<Metrics>,
 ) -> Result<Loaded, CliError> {
+    if keep_decoded.is_some_and(|rows| rows > 0) && dtype != DType::F16 {
+        eprintln!(
+            "silica serve: --keep-decoded takes effect with --dtype f16 only (the copies are multiplied with f16 activations)"
+        );
+    }
     let device = match keep_decoded {
         Some(rows) => {
             let opts = silica::GpuOptions {
