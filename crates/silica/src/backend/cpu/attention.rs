@@ -10,6 +10,8 @@
 //! rows. The loops are written for the compiler to vectorize, and compiled
 //! a second time for AVX2/FMA and AVX-512 where the processor has them.
 
+use std::mem::MaybeUninit;
+
 use rayon::prelude::*;
 
 use super::PAR_MIN;
@@ -319,7 +321,7 @@ fn add_mask(x: &Inputs<'_>, bi: usize, hi: usize, i: usize, scores: &mut [f32]) 
 
 /// `o` ← the softmax of `x` (one row, f32), through the widest kernel
 /// `isa` allows.
-pub(super) fn softmax_row(isa: crate::CpuIsa, x: &[f32], o: &mut [f32]) {
+pub(super) fn softmax_row(isa: crate::CpuIsa, x: &[f32], o: &mut [MaybeUninit<f32>]) {
     #[cfg(target_arch = "x86_64")]
     {
         if isa >= crate::CpuIsa::Avx512 {
@@ -336,15 +338,24 @@ pub(super) fn softmax_row(isa: crate::CpuIsa, x: &[f32], o: &mut [f32]) {
 }
 
 #[inline(always)]
-fn softmax_row_any<const FUSED: bool>(x: &[f32], o: &mut [f32]) {
+fn softmax_row_any<const FUSED: bool>(x: &[f32], o: &mut [MaybeUninit<f32>]) {
     // a NaN makes the whole row NaN, as on the exact path and in PyTorch
     // (the exponential here gives 0 for it)
     if x.iter().fold(false, |a, v| a | v.is_nan()) {
-        o.fill(f32::NAN);
+        for p in o.iter_mut() {
+            p.write(f32::NAN);
+        }
         return;
     }
-    o.copy_from_slice(x);
-    let inv = softmax_in_place::<FUSED>(o);
+    let max = max16(x);
+    for (p, &v) in o.iter_mut().zip(x) {
+        p.write(exp::<FUSED>(v - max));
+    }
+    // SAFETY: o has x's length (the caller's rows), so every element was
+    // written just above; MaybeUninit<f32> has f32's layout
+    let o = unsafe { &mut *(o as *mut [MaybeUninit<f32>] as *mut [f32]) };
+    // 0 / 0 = NaN when every entry is -inf, as in PyTorch
+    let inv = 1.0 / sum(o);
     for p in o.iter_mut() {
         *p *= inv;
     }
@@ -464,12 +475,12 @@ mod x86 {
     }
 
     #[target_feature(enable = "avx512f,avx512vl,avx512dq,avx2,fma")]
-    pub(super) fn softmax_row_avx512(x: &[f32], o: &mut [f32]) {
+    pub(super) fn softmax_row_avx512(x: &[f32], o: &mut [std::mem::MaybeUninit<f32>]) {
         super::softmax_row_any::<true>(x, o)
     }
 
     #[target_feature(enable = "avx2,fma")]
-    pub(super) fn softmax_row_avx2(x: &[f32], o: &mut [f32]) {
+    pub(super) fn softmax_row_avx2(x: &[f32], o: &mut [std::mem::MaybeUninit<f32>]) {
         super::softmax_row_any::<true>(x, o)
     }
 

@@ -101,26 +101,35 @@ fn binary_f32_with(
         true => &bv[bo + e..bo + e + row],
         false => &bv[bo..bo + row],
     };
-    let mut y = vec![0f32; n];
+    // written once, without zeroing first (a pass over the whole output)
+    let mut y: Vec<f32> = Vec::with_capacity(n);
     // whole rows a task (a run of at least 4,096 elements)
     let rows_per_task = 4096usize.div_ceil(row).max(1);
-    let task = |(t, ys): (usize, &mut [f32])| {
+    let task = |(t, ys): (usize, &mut [std::mem::MaybeUninit<f32>])| {
         let e0 = t * rows_per_task * row;
         for (r, yr) in ys.chunks_mut(row).enumerate() {
             let e = e0 + r * row;
             let (xr, br) = (&x[e..e + yr.len()], b_row(e));
             for ((o, &p), &q) in yr.iter_mut().zip(xr).zip(br) {
-                *o = f(p, q);
+                o.write(f(p, q));
             }
         }
     };
+    let spare = &mut y.spare_capacity_mut()[..n];
     if n >= PAR_MIN {
-        y.par_chunks_mut(rows_per_task * row)
+        spare
+            .par_chunks_mut(rows_per_task * row)
             .enumerate()
             .for_each(task);
     } else {
-        y.chunks_mut(rows_per_task * row).enumerate().for_each(task);
+        spare
+            .chunks_mut(rows_per_task * row)
+            .enumerate()
+            .for_each(task);
     }
+    // SAFETY: the tasks wrote each of the first n elements (their chunks
+    // cover them all); a panic above leaves the length at 0
+    unsafe { y.set_len(n) };
     Some(y)
 }
 

@@ -1,6 +1,8 @@
 //! Fused transformer ops on the CPU: norms, rotary embeddings, attention.
 //! Sums run in f64, so these are also the references of the GPU kernels.
 
+use std::mem::MaybeUninit;
+
 use rayon::prelude::*;
 
 use super::{PAR_MIN, host};
@@ -21,6 +23,33 @@ pub(super) fn values(t: &Tensor) -> std::borrow::Cow<'_, [f32]> {
     }
 }
 
+/// A new vector of `len` values that `f` writes row by row (`f(r, row)`
+/// for each row of `n`, in parallel when large), not zeroed first: a pass
+/// over the whole output saved. `f` must write every element of its row.
+pub(super) fn new_rows(
+    len: usize,
+    n: usize,
+    f: impl Fn(usize, &mut [MaybeUninit<f32>]) + Sync + Send,
+) -> Vec<f32> {
+    let mut y: Vec<f32> = Vec::with_capacity(len);
+    if n == 0 || len == 0 {
+        return vec![0f32; len];
+    }
+    let spare = &mut y.spare_capacity_mut()[..len];
+    if len >= PAR_MIN {
+        spare
+            .par_chunks_mut(n)
+            .enumerate()
+            .for_each(|(r, o)| f(r, o));
+    } else {
+        spare.chunks_mut(n).enumerate().for_each(|(r, o)| f(r, o));
+    }
+    // SAFETY: the rows cover the first `len` elements and `f` wrote each
+    // (its contract); a panic above leaves the length at 0
+    unsafe { y.set_len(len) };
+    y
+}
+
 /// Runs `f` on each output row of length `n` (in parallel when large).
 pub(super) fn map_rows(out: &mut [f32], n: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
     if n == 0 {
@@ -37,15 +66,15 @@ pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f32, out: DType) -> CpuStorage {
     let n = *x.shape().last().unwrap_or(&0);
     let xs = values(x);
     let ws = values(w);
-    let mut y = vec![0f32; xs.len()];
     if super::int8_now() {
         // the fast path: the mean square in f32 lanes
         let isa = crate::cpu_isa();
-        map_rows(&mut y, n, |r, o| {
+        let y = new_rows(xs.len(), n, |r, o| {
             rms_norm_row(isa, &xs[r * n..(r + 1) * n], &ws, eps, o)
         });
         return CpuStorage::from_f32(y, out);
     }
+    let mut y = vec![0f32; xs.len()];
     map_rows(&mut y, n, |r, o| {
         let row = &xs[r * n..(r + 1) * n];
         let ms = row.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>() / n as f64;
@@ -62,15 +91,15 @@ pub fn layer_norm(x: &Tensor, w: &Tensor, b: &Tensor, eps: f32, out: DType) -> C
     let xs = values(x);
     let ws = values(w);
     let bs = values(b);
-    let mut y = vec![0f32; xs.len()];
     if super::int8_now() {
         // the fast path: sums in f32 lanes
         let isa = crate::cpu_isa();
-        map_rows(&mut y, n, |r, o| {
+        let y = new_rows(xs.len(), n, |r, o| {
             layer_norm_row(isa, &xs[r * n..(r + 1) * n], &ws, &bs, eps, o)
         });
         return CpuStorage::from_f32(y, out);
     }
+    let mut y = vec![0f32; xs.len()];
     map_rows(&mut y, n, |r, o| {
         let row = &xs[r * n..(r + 1) * n];
         let mean = row.iter().map(|&v| v as f64).sum::<f64>() / n as f64;
@@ -89,7 +118,7 @@ pub fn layer_norm(x: &Tensor, w: &Tensor, b: &Tensor, eps: f32, out: DType) -> C
 
 /// One row of RMSNorm in f32 (the mean square in 16 lanes), through the
 /// widest kernel `isa` allows.
-fn rms_norm_row(isa: crate::CpuIsa, x: &[f32], w: &[f32], eps: f32, o: &mut [f32]) {
+fn rms_norm_row(isa: crate::CpuIsa, x: &[f32], w: &[f32], eps: f32, o: &mut [MaybeUninit<f32>]) {
     #[cfg(target_arch = "x86_64")]
     {
         if isa >= crate::CpuIsa::Avx512 {
@@ -108,28 +137,35 @@ fn rms_norm_row(isa: crate::CpuIsa, x: &[f32], w: &[f32], eps: f32, o: &mut [f32
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
-fn rms_norm_row_avx512(x: &[f32], w: &[f32], eps: f32, o: &mut [f32]) {
+fn rms_norm_row_avx512(x: &[f32], w: &[f32], eps: f32, o: &mut [MaybeUninit<f32>]) {
     rms_norm_row_any(x, w, eps, o)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-fn rms_norm_row_avx2(x: &[f32], w: &[f32], eps: f32, o: &mut [f32]) {
+fn rms_norm_row_avx2(x: &[f32], w: &[f32], eps: f32, o: &mut [MaybeUninit<f32>]) {
     rms_norm_row_any(x, w, eps, o)
 }
 
 #[inline(always)]
-fn rms_norm_row_any(x: &[f32], w: &[f32], eps: f32, o: &mut [f32]) {
+fn rms_norm_row_any(x: &[f32], w: &[f32], eps: f32, o: &mut [MaybeUninit<f32>]) {
     let ms = lanes_sum(x, |v| v * v) / x.len() as f32;
     let inv = 1.0 / (ms + eps).sqrt();
     for ((o, &v), &g) in o.iter_mut().zip(x).zip(w) {
-        *o = v * inv * g;
+        o.write(v * inv * g);
     }
 }
 
 /// One row of LayerNorm in f32 (mean, then the variance around it, in 16
 /// lanes), through the widest kernel `isa` allows.
-fn layer_norm_row(isa: crate::CpuIsa, x: &[f32], w: &[f32], b: &[f32], eps: f32, o: &mut [f32]) {
+fn layer_norm_row(
+    isa: crate::CpuIsa,
+    x: &[f32],
+    w: &[f32],
+    b: &[f32],
+    eps: f32,
+    o: &mut [MaybeUninit<f32>],
+) {
     #[cfg(target_arch = "x86_64")]
     {
         if isa >= crate::CpuIsa::Avx512 {
@@ -148,24 +184,24 @@ fn layer_norm_row(isa: crate::CpuIsa, x: &[f32], w: &[f32], b: &[f32], eps: f32,
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
-fn layer_norm_row_avx512(x: &[f32], w: &[f32], b: &[f32], eps: f32, o: &mut [f32]) {
+fn layer_norm_row_avx512(x: &[f32], w: &[f32], b: &[f32], eps: f32, o: &mut [MaybeUninit<f32>]) {
     layer_norm_row_any(x, w, b, eps, o)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-fn layer_norm_row_avx2(x: &[f32], w: &[f32], b: &[f32], eps: f32, o: &mut [f32]) {
+fn layer_norm_row_avx2(x: &[f32], w: &[f32], b: &[f32], eps: f32, o: &mut [MaybeUninit<f32>]) {
     layer_norm_row_any(x, w, b, eps, o)
 }
 
 #[inline(always)]
-fn layer_norm_row_any(x: &[f32], w: &[f32], b: &[f32], eps: f32, o: &mut [f32]) {
+fn layer_norm_row_any(x: &[f32], w: &[f32], b: &[f32], eps: f32, o: &mut [MaybeUninit<f32>]) {
     let n = x.len() as f32;
     let mean = lanes_sum(x, |v| v) / n;
     let var = lanes_sum(x, |v| (v - mean) * (v - mean)) / n;
     let inv = 1.0 / (var + eps).sqrt();
     for (((o, &v), &g), &c) in o.iter_mut().zip(x).zip(w).zip(b) {
-        *o = (v - mean) * inv * g + c;
+        o.write((v - mean) * inv * g + c);
     }
 }
 
@@ -357,8 +393,10 @@ mod tests {
                     .map(|i| ((i * 37 % 11) as f32 - 5.0) * 0.75)
                     .collect();
                 let w: Vec<f32> = (0..n).map(|i| 0.5 + (i % 3) as f32 * 0.25).collect();
-                let mut got = vec![0f32; n];
-                rms_norm_row(isa, &x, &w, 1e-5, &mut got);
+                let mut out = vec![std::mem::MaybeUninit::uninit(); n];
+                rms_norm_row(isa, &x, &w, 1e-5, &mut out);
+                // SAFETY: the row function writes every element
+                let got: Vec<f32> = out.iter().map(|v| unsafe { v.assume_init() }).collect();
                 let ms = x.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / n as f64;
                 let inv = 1.0 / (ms + 1e-5).sqrt();
                 for i in 0..n {
@@ -384,8 +422,10 @@ mod tests {
                     .collect();
                 let w: Vec<f32> = (0..n).map(|i| 0.5 + (i % 3) as f32 * 0.25).collect();
                 let b: Vec<f32> = (0..n).map(|i| (i % 5) as f32 * 0.1 - 0.2).collect();
-                let mut got = vec![0f32; n];
-                layer_norm_row(isa, &x, &w, &b, 1e-5, &mut got);
+                let mut out = vec![std::mem::MaybeUninit::uninit(); n];
+                layer_norm_row(isa, &x, &w, &b, 1e-5, &mut out);
+                // SAFETY: the row function writes every element
+                let got: Vec<f32> = out.iter().map(|v| unsafe { v.assume_init() }).collect();
                 let mean = x.iter().map(|&v| v as f64).sum::<f64>() / n as f64;
                 let var = x.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / n as f64;
                 let inv = 1.0 / (var + 1e-5).sqrt();

@@ -94,9 +94,8 @@ pub fn softmax(x: &Tensor, log: bool, out: DType) -> CpuStorage {
 fn softmax_fast(x: &Tensor, out: DType) -> CpuStorage {
     let n = *x.shape().last().unwrap_or(&0);
     let data = super::nn::values(x);
-    let mut y = vec![0f32; data.len()];
     let isa = crate::cpu_isa();
-    super::nn::map_rows(&mut y, n, |r, o| {
+    let y = super::nn::new_rows(data.len(), n, |r, o| {
         super::attention::softmax_row(isa, &data[r * n..(r + 1) * n], o)
     });
     CpuStorage::from_f32(y, out)
