@@ -1,5 +1,7 @@
 //! Elementwise ops on the CPU.
 
+use std::mem::MaybeUninit;
+
 use rayon::prelude::*;
 
 use super::{PAR_MIN, host};
@@ -105,7 +107,7 @@ fn binary_f32_with(
     let mut y: Vec<f32> = Vec::with_capacity(n);
     // whole rows a task (a run of at least 4,096 elements)
     let rows_per_task = 4096usize.div_ceil(row).max(1);
-    let task = |(t, ys): (usize, &mut [std::mem::MaybeUninit<f32>])| {
+    let task = |(t, ys): (usize, &mut [MaybeUninit<f32>])| {
         let e0 = t * rows_per_task * row;
         for (r, yr) in ys.chunks_mut(row).enumerate() {
             let e = e0 + r * row;
@@ -152,21 +154,14 @@ pub fn compare(op: CmpOp, a: &Tensor, b: &Tensor) -> CpuStorage {
 /// `silu(a) * b` in f32 with the vectorized exponential: the fast CPU
 /// path (`super::int8_now`) of the SwiGLU activation.
 fn silu_mul_f32(a: &[f32], b: &[f32]) -> Vec<f32> {
-    let mut y = vec![0f32; a.len()];
     const RUN: usize = 4096;
-    let run = |(i, y): (usize, &mut [f32])| {
+    super::nn::new_rows(a.len(), RUN, |i, y| {
         let (a, b) = (&a[i * RUN..][..y.len()], &b[i * RUN..][..y.len()]);
         silu_mul_run(a, b, y);
-    };
-    if y.len() >= PAR_MIN {
-        y.par_chunks_mut(RUN).enumerate().for_each(run);
-    } else {
-        y.chunks_mut(RUN).enumerate().for_each(run);
-    }
-    y
+    })
 }
 
-fn silu_mul_run(a: &[f32], b: &[f32], y: &mut [f32]) {
+fn silu_mul_run(a: &[f32], b: &[f32], y: &mut [MaybeUninit<f32>]) {
     #[cfg(target_arch = "x86_64")]
     {
         let isa = crate::cpu_isa();
@@ -185,20 +180,20 @@ fn silu_mul_run(a: &[f32], b: &[f32], y: &mut [f32]) {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
-fn silu_mul_avx512(a: &[f32], b: &[f32], y: &mut [f32]) {
+fn silu_mul_avx512(a: &[f32], b: &[f32], y: &mut [MaybeUninit<f32>]) {
     silu_mul_any::<true>(a, b, y)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-fn silu_mul_avx2(a: &[f32], b: &[f32], y: &mut [f32]) {
+fn silu_mul_avx2(a: &[f32], b: &[f32], y: &mut [MaybeUninit<f32>]) {
     silu_mul_any::<true>(a, b, y)
 }
 
 #[inline(always)]
-fn silu_mul_any<const FUSED: bool>(a: &[f32], b: &[f32], y: &mut [f32]) {
+fn silu_mul_any<const FUSED: bool>(a: &[f32], b: &[f32], y: &mut [MaybeUninit<f32>]) {
     for ((y, &a), &b) in y.iter_mut().zip(a).zip(b) {
-        *y = a / (1.0 + super::attention::exp::<FUSED>(-a)) * b;
+        y.write(a / (1.0 + super::attention::exp::<FUSED>(-a)) * b);
     }
 }
 
@@ -206,18 +201,13 @@ fn silu_mul_any<const FUSED: bool>(a: &[f32], b: &[f32], y: &mut [f32]) {
 /// (`super::int8_now`) of BERT's activation, where the f64 `erf` took a
 /// fifth of an encoder's time.
 fn gelu_erf_f32(x: &[f32]) -> Vec<f32> {
-    let mut y = vec![0f32; x.len()];
     const RUN: usize = 4096;
-    let run = |(i, y): (usize, &mut [f32])| gelu_erf_run(&x[i * RUN..][..y.len()], y);
-    if y.len() >= PAR_MIN {
-        y.par_chunks_mut(RUN).enumerate().for_each(run);
-    } else {
-        y.chunks_mut(RUN).enumerate().for_each(run);
-    }
-    y
+    super::nn::new_rows(x.len(), RUN, |i, y| {
+        gelu_erf_run(&x[i * RUN..][..y.len()], y)
+    })
 }
 
-fn gelu_erf_run(x: &[f32], y: &mut [f32]) {
+fn gelu_erf_run(x: &[f32], y: &mut [MaybeUninit<f32>]) {
     #[cfg(target_arch = "x86_64")]
     {
         let isa = crate::cpu_isa();
@@ -236,20 +226,20 @@ fn gelu_erf_run(x: &[f32], y: &mut [f32]) {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
-fn gelu_erf_avx512(x: &[f32], y: &mut [f32]) {
+fn gelu_erf_avx512(x: &[f32], y: &mut [MaybeUninit<f32>]) {
     gelu_erf_any::<true>(x, y)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-fn gelu_erf_avx2(x: &[f32], y: &mut [f32]) {
+fn gelu_erf_avx2(x: &[f32], y: &mut [MaybeUninit<f32>]) {
     gelu_erf_any::<true>(x, y)
 }
 
 #[inline(always)]
-fn gelu_erf_any<const FUSED: bool>(x: &[f32], y: &mut [f32]) {
+fn gelu_erf_any<const FUSED: bool>(x: &[f32], y: &mut [MaybeUninit<f32>]) {
     for (y, &x) in y.iter_mut().zip(x) {
-        *y = 0.5 * x * (1.0 + erf_f32::<FUSED>(x * std::f32::consts::FRAC_1_SQRT_2));
+        y.write(0.5 * x * (1.0 + erf_f32::<FUSED>(x * std::f32::consts::FRAC_1_SQRT_2)));
     }
 }
 
