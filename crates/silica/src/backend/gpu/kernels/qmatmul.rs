@@ -568,10 +568,10 @@ fn kept_key(format: QuantFormat, w: &Tensor) -> crate::memory::DerivedKey {
     ]
 }
 
-/// The f16 copy `[n, k]` of the weights `w`, decoded now (into a buffer of
-/// the pool) and kept with `w`'s buffer for
-/// its lifetime when `keep`, except while kernels are only being built
-/// (nothing runs then, so the copy would hold undefined values).
+/// The f16 copy `[n, k]` of the weights `w`: the one kept with `w`'s
+/// buffer, or decoded now into a buffer of the pool (and kept when `keep`,
+/// except while kernels are only being built: nothing runs then, so the
+/// copy would hold undefined values).
 fn decoded_weights(
     ctx: &Context,
     format: QuantFormat,
