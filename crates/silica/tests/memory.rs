@@ -559,6 +559,27 @@ fn a_decoded_product_that_does_not_fit_takes_the_quantized_tiles() {
     }
 }
 
+/// Every GPU adapter with f16 kernels opened anew with `keep_decoded` at
+/// 16 rows, with its name.
+fn keeping_devices() -> Vec<(Device, String)> {
+    let opts = silica::GpuOptions {
+        keep_decoded: 16,
+        ..silica::GpuOptions::from_env()
+    };
+    (0..common::gpu_devices().len())
+        .filter_map(|i| {
+            let dev = Device::gpu_with_options(i, &opts).unwrap();
+            let Device::Gpu(g) = &dev else { unreachable!() };
+            let name = g.info().name.clone();
+            if !g.features().f16 {
+                eprintln!("{name}: no f16 kernels, nothing kept");
+                return None;
+            }
+            Some((dev, name))
+        })
+        .collect()
+}
+
 /// With `keep_decoded` at 16 rows, a quantized product of 16 rows of f16 x
 /// decodes its weights into an f16 copy once and keeps it with them: the
 /// copy stays allocated between products (the second product allocates
@@ -568,18 +589,7 @@ fn a_decoded_product_that_does_not_fit_takes_the_quantized_tiles() {
 #[test]
 fn kept_decoded_weights_live_as_long_as_the_weights() {
     let _serial = lock_device_state();
-    for i in 0..common::gpu_devices().len() {
-        let opts = silica::GpuOptions {
-            keep_decoded: 16,
-            ..silica::GpuOptions::from_env()
-        };
-        let dev = Device::gpu_with_options(i, &opts).unwrap();
-        let Device::Gpu(g) = &dev else { unreachable!() };
-        let name = g.info().name.clone();
-        if !g.features().f16 {
-            eprintln!("{name}: no f16 kernels, nothing kept");
-            continue;
-        }
+    for (dev, name) in keeping_devices() {
         let (m, n, k) = (16, 256, 512);
         let w = silica::QTensor::random(silica::QuantFormat::Q4_0, &[n, k], 3, &dev).unwrap();
         let x = Tensor::randn(&[m, k], DType::F16, 4, &dev).unwrap();
@@ -634,17 +644,7 @@ fn kept_decoded_weights_live_as_long_as_the_weights() {
 #[test]
 fn kept_decoded_weights_give_way_when_memory_runs_short() {
     let _serial = lock_device_state();
-    for i in 0..common::gpu_devices().len() {
-        let opts = silica::GpuOptions {
-            keep_decoded: 16,
-            ..silica::GpuOptions::from_env()
-        };
-        let dev = Device::gpu_with_options(i, &opts).unwrap();
-        let Device::Gpu(g) = &dev else { unreachable!() };
-        let name = g.info().name.clone();
-        if !g.features().f16 {
-            continue;
-        }
+    for (dev, name) in keeping_devices() {
         let _reset = NoLimitOnDrop(dev.clone());
         let (m, n, k) = (16, 512, 1024);
         let w = silica::QTensor::random(silica::QuantFormat::Q4_0, &[n, k], 5, &dev).unwrap();

@@ -103,11 +103,10 @@ fn binary_f32_with(
         true => &bv[bo + e..bo + e + row],
         false => &bv[bo..bo + row],
     };
-    // written once, without zeroing first (a pass over the whole output)
-    let mut y: Vec<f32> = Vec::with_capacity(n);
-    // whole rows a task (a run of at least 4,096 elements)
+    // whole rows a task (a run of at least 4,096 elements), written once
+    // without zeroing first
     let rows_per_task = 4096usize.div_ceil(row).max(1);
-    let task = |(t, ys): (usize, &mut [MaybeUninit<f32>])| {
+    let y = super::nn::new_rows(n, rows_per_task * row, |t, ys| {
         let e0 = t * rows_per_task * row;
         for (r, yr) in ys.chunks_mut(row).enumerate() {
             let e = e0 + r * row;
@@ -116,22 +115,7 @@ fn binary_f32_with(
                 o.write(f(p, q));
             }
         }
-    };
-    let spare = &mut y.spare_capacity_mut()[..n];
-    if n >= PAR_MIN {
-        spare
-            .par_chunks_mut(rows_per_task * row)
-            .enumerate()
-            .for_each(task);
-    } else {
-        spare
-            .chunks_mut(rows_per_task * row)
-            .enumerate()
-            .for_each(task);
-    }
-    // SAFETY: the tasks wrote each of the first n elements (their chunks
-    // cover them all); a panic above leaves the length at 0
-    unsafe { y.set_len(n) };
+    });
     Some(y)
 }
 

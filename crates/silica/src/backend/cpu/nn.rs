@@ -31,10 +31,10 @@ pub(super) fn new_rows(
     n: usize,
     f: impl Fn(usize, &mut [MaybeUninit<f32>]) + Sync + Send,
 ) -> Vec<f32> {
-    let mut y: Vec<f32> = Vec::with_capacity(len);
     if n == 0 || len == 0 {
         return vec![0f32; len];
     }
+    let mut y: Vec<f32> = Vec::with_capacity(len);
     let spare = &mut y.spare_capacity_mut()[..len];
     if len >= PAR_MIN {
         spare
