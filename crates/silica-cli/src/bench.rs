@@ -47,7 +47,7 @@ pub struct BenchArgs {
     json: bool,
     /// Every matmul on a GPU through this kernel, where it applies (for
     /// kernel work): matmul, matmul_big, matmul_coop, matmul_coop_sg4,
-    /// matmul_coop_vec, matmul_coop_wide or gemv.
+    /// matmul_coop_vec, matmul_coop_wide, matmul_narrow or gemv.
     #[arg(long, value_name = "KERNEL", value_parser = parse_matmul_kernel)]
     matmul_kernel: Option<&'static str>,
     /// MiB of weight copies that the decode products cycle through, so
@@ -57,13 +57,14 @@ pub struct BenchArgs {
 }
 
 /// The matmul kernels `--matmul-kernel` takes.
-const MATMUL_KERNELS: [&str; 7] = [
+const MATMUL_KERNELS: [&str; 8] = [
     "matmul",
     "matmul_big",
     "matmul_coop",
     "matmul_coop_sg4",
     "matmul_coop_vec",
     "matmul_coop_wide",
+    "matmul_narrow",
     "gemv",
 ];
 

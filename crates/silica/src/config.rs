@@ -116,8 +116,9 @@ pub struct GpuOptions {
     /// Quantized products of 16 to 32 rows of f16 x in the 32-value block
     /// formats take qmatmul_narrow.wgsl (16-row tensor-core tiles, a
     /// subgroup each) where the adapter has cooperative matrices and
-    /// subgroup barriers. `SILICA_NO_NARROW=1` keeps the 128-row tiles and
-    /// the GEMV chunks.
+    /// subgroup barriers, and f16 products of 9 to 16 rows by a weight
+    /// `[n, k]` take matmul_narrow.wgsl. `SILICA_NO_NARROW=1` keeps the
+    /// 128-row tiles and the GEMV chunks.
     pub narrow_kernel: bool,
     /// Rows of f16 x from which a quantized product's weights are decoded
     /// into f16 once and multiplied on the f16 tensor-core kernels: 0 (off)

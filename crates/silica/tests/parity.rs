@@ -349,8 +349,13 @@ fn reduce_cases(cases: &mut Vec<Case>) {
 }
 
 fn matmul_cases(cases: &mut Vec<Case>) {
-    let shapes: [(&[usize], &[usize]); 12] = [
+    let shapes: [(&[usize], &[usize]); 14] = [
         (&[65, 33], &[33, 67]),
+        // f16 narrow products (a transposed b): 9 rows, K ending 8 into a
+        // step, N past the last 64 columns; 32 rows, K in 9 parts, the
+        // last 8 deep
+        (&[9, 136], &[136, 130]),
+        (&[32, 2056], &[2056, 72]),
         // f16 on tensor cores under 64 rows, K in 4 parts; and K in 2
         // parts below a leading dimension of 1
         (&[20, 1024], &[1024, 264]),
@@ -449,11 +454,16 @@ fn forced_matmul_cases(cases: &mut Vec<Case>) {
     // cooperative-matrix kernels pack outputs with the hardware's
     // conversion, the others with common.wgsl's integer one
     for kernel in MATMUL_KERNELS {
-        let m = if kernel == "gemv" { 8 } else { 130 };
+        // (the narrow kernel takes a transposed b of up to 32 rows)
+        let (m, kb) = match kernel {
+            "gemv" => (8, Kind::Contiguous),
+            "matmul_narrow" => (32, Kind::Transposed),
+            _ => (130, Kind::Contiguous),
+        };
         let name = format!("matmul[{kernel}] f16 overflow [{m}, 64] [64, 136]");
         case(cases, name, accumulating(DType::F16), move |d| {
             let a = input(Kind::Contiguous, &[m, 64], DType::F16, 14, d)?.mul_scalar(64.0)?;
-            let b = input(Kind::Contiguous, &[64, 136], DType::F16, 15, d)?.mul_scalar(64.0)?;
+            let b = input(kb, &[64, 136], DType::F16, 15, d)?.mul_scalar(64.0)?;
             let y = forced_matmul(d, kernel, &a, &b)?;
             // on the CPU (the reference): 1-20% of the outputs infinite, so
             // that the case tests both sides
@@ -472,13 +482,14 @@ fn forced_matmul_cases(cases: &mut Vec<Case>) {
 }
 
 /// The matmul kernels that the forced cases run one by one.
-const MATMUL_KERNELS: [&str; 7] = [
+const MATMUL_KERNELS: [&str; 8] = [
     "matmul",
     "matmul_big",
     "matmul_coop",
     "matmul_coop_sg4",
     "matmul_coop_vec",
     "matmul_coop_wide",
+    "matmul_narrow",
     "gemv",
 ];
 

@@ -62,6 +62,7 @@ fn every_kernel() -> Vec<&'static Kernel> {
         &nn::ATTENTION_COMBINE,
         &nn::DECODE_ATTENTION,
         &matmul::MATMUL_COOP_VEC,
+        &matmul::MATMUL_NARROW,
         &matmul::MATMUL_COOP_WIDE,
         &matmul::MATMUL_BIG,
         &matmul::MATMUL,
@@ -390,14 +391,15 @@ impl GpuDevice {
 
     /// Test hook: run every matmul with the kernel named `name` (`matmul`,
     /// `matmul_big`, `matmul_coop`, `matmul_coop_sg4`, `matmul_coop_vec`,
-    /// `matmul_coop_wide`, `gemv`) whatever its shape, so that the parity
+    /// `matmul_coop_wide`, `matmul_narrow`, `gemv`) whatever its shape, so that the parity
     /// suite covers each on small inputs; `None` restores the choice by
     /// shape. `matmul_coop`
     /// applies only where the adapter has cooperative matrices and to f16
     /// operands; `matmul_coop_sg4` is the same kernel with the 4 subgroups
     /// of its Apple form, on 16x16 fragments; `matmul_coop_vec` (and
     /// `matmul_coop_wide`, its 128x256 tiles) also only to the layouts it
-    /// reads 8 halves at a time.
+    /// reads 8 halves at a time; `matmul_narrow` to f16 products of up to
+    /// 32 rows whose b is a weight `[n, k]` transposed.
     #[doc(hidden)]
     pub fn force_matmul_kernel_for_testing(&self, name: Option<&'static str>) {
         *self

@@ -113,6 +113,24 @@ pub(crate) static MATMUL_COOP_WIDE: Kernel = Kernel {
     needs: KernelNeeds::COOP16,
 };
 
+/// matmul_narrow.wgsl: f16 products of up to 32 rows on 16 weight rows a
+/// subgroup, each walking its part of K on its own.
+pub(crate) static MATMUL_NARROW: Kernel = Kernel {
+    name: "matmul_narrow",
+    source: concat!(
+        "enable f16;\nenable wgpu_cooperative_matrix;\n",
+        include_str!("shared/coop16.wgsl"),
+        include_str!("shared/common.wgsl"),
+        include_str!("shared/halves8.wgsl"),
+        include_str!("matmul_narrow.wgsl")
+    ),
+    inputs: 2,
+    trusted: true,
+    outputs: 1,
+    immediates: true,
+    needs: KernelNeeds::COOP16,
+};
+
 pub(crate) static GEMV: Kernel = Kernel {
     name: "gemv",
     source: concat!(
@@ -306,6 +324,11 @@ pub(crate) fn matmul(
     let staged = staged_coop(ctx, dt, forced == Some("matmul_coop_sg4"));
     let vec = staged.is_some() && vec_coop(ctx, &acc, n, k);
     let tiles = n.div_ceil(128) * m.div_ceil(128);
+    let narrow = batches == 1 && narrow_fits(ctx, &acc, dt, m, n, k);
+    let chosen = forced.is_none() && (NARROW_MIN_M..=NARROW_AUTO_MAX_M).contains(&m);
+    if narrow && (forced == Some("matmul_narrow") || chosen) {
+        return narrow_product(ctx, a, b, [m, n, k], out, out_dtype);
+    }
     if forced.is_none() && batches == 1 && vec && n >= VEC_COOP_MIN_N && tiles <= SPLIT_TILES {
         let mut parts = super::qmatmul::coop_splits(tiles, k, ctx.features().split_k as usize);
         while parts > 1 && !k.is_multiple_of(parts * 8) {
@@ -318,6 +341,8 @@ pub(crate) fn matmul(
     let (kernel, grid) = if let Some(name) = forced.filter(|&f| match f {
         "matmul_coop" | "matmul_coop_sg4" => staged.is_some(),
         "matmul_coop_vec" | "matmul_coop_wide" => vec,
+        // taken above where the product fits it
+        "matmul_narrow" => false,
         "gemv" => m <= GEMV_MAX_M,
         _ => true,
     }) {
@@ -400,6 +425,129 @@ pub(crate) fn matmul(
             [grid[0] as u32, grid[1] as u32, grid[2] as u32],
         )
     })
+}
+
+/// Rows of f16 x from which a product takes matmul_narrow.wgsl (up to
+/// [`NARROW_AUTO_MAX_M`]); fewer take the GEMV kernel.
+const NARROW_MIN_M: usize = GEMV_MAX_M + 1;
+
+/// Rows of f16 x up to which a product takes matmul_narrow.wgsl by
+/// itself: one fragment of 16. At 32 rows (two fragments, K in parts of
+/// 256) a 1B model's pooled step of 32 sequences lost 18% against
+/// `matmul_coop_vec`, which stays the choice there (docs/tuning.md,
+/// "Narrow f16 products").
+const NARROW_AUTO_MAX_M: usize = 16;
+
+/// Rows of x up to which matmul_narrow.wgsl runs (two fragments of 16;
+/// past [`NARROW_AUTO_MAX_M`] only where the kernel is forced).
+const NARROW_MAX_M: usize = 32;
+
+/// Bytes of partial products above which a narrow product keeps the
+/// 128-row tiles: a 1B model's gate and up (16,384 columns) write 16.8 MB
+/// at 32 rows, a large vocabulary's LM head (128,256) 131 MB.
+const NARROW_PARTIAL_BYTES: usize = 32 << 20;
+
+/// The most of K a part of matmul_narrow.wgsl walks for `mf` (1 or 2)
+/// fragments of 16 rows (its `KA`, 512 or 256): x's slice, 16 mf (KA + 8)
+/// halves, fits its 2,112 vec4 slots.
+fn narrow_depth(mf: usize) -> usize {
+    512 / mf
+}
+
+/// Workgroups of matmul_narrow.wgsl that a split of K aims for: about 8
+/// an SM of a 132-SM GPU.
+const NARROW_GROUPS: usize = 1024;
+
+/// matmul_narrow.wgsl's grid for `m` rows of x, `n` weight rows and depth
+/// `k`: (workgroups along the weight rows, parts of K).
+fn narrow_grid(m: usize, n: usize, k: usize) -> (usize, usize) {
+    let cols = n.div_ceil(64);
+    let steps = k.div_ceil(128);
+    // parts of whole steps of 128, each at most narrow_depth deep; more
+    // (down to 2 steps a part) while the grid is short of NARROW_GROUPS
+    let mut parts = k.div_ceil(narrow_depth(m.div_ceil(16))).max(1);
+    while cols * parts < NARROW_GROUPS && steps / (parts * 2) >= 2 {
+        parts *= 2;
+    }
+    (cols, parts)
+}
+
+/// Whether matmul_narrow.wgsl can take an f16 product of `m` rows: a read
+/// along k with rows on 16 bytes, b read along k (a weight `[n, k]`
+/// transposed), K a multiple of 8, at most [`NARROW_MAX_M`] rows, partial
+/// products within [`NARROW_PARTIAL_BYTES`], on an adapter that runs the
+/// narrow kernels (`GpuFeatures::narrow`) with the workgroup memory.
+fn narrow_fits(ctx: &Context, acc: &Access, dt: DType, m: usize, n: usize, k: usize) -> bool {
+    dt == DType::F16
+        && acc.a_vec
+        && acc.b_mode == 1
+        && (1..=NARROW_MAX_M).contains(&m)
+        && n > 0
+        && k > 0
+        && k.is_multiple_of(8)
+        && ctx.features().narrow
+        && ctx.workgroup_memory() >= NARROW_MEMORY
+        && {
+            let (cols, parts) = narrow_grid(m, n, k);
+            parts * m.div_ceil(16) * 16 * cols * 64 * 4 <= NARROW_PARTIAL_BYTES
+        }
+}
+
+/// Workgroup memory of matmul_narrow.wgsl, in bytes.
+const NARROW_MEMORY: u32 = 34_304;
+
+/// `a @ b` of one batch `[m, k] @ [k, n]` (b a weight `[n, k]` transposed)
+/// on matmul_narrow.wgsl, split along K into parts summed by
+/// split_sum.wgsl.
+fn narrow_product(
+    ctx: &Context,
+    a: &Tensor,
+    b: &Tensor,
+    [m, n, k]: [usize; 3],
+    out: &GpuBuffer,
+    out_dtype: DType,
+) -> Result<()> {
+    let mf = m.div_ceil(16);
+    let (cols, parts) = narrow_grid(m, n, k);
+    let max = ctx.max_groups() as usize;
+    let grid = [cols.min(max), cols.div_ceil(max), parts];
+    if grid[1] > max || parts > max {
+        return Err(Error::NotSupported {
+            op: "matmul",
+            reason: format!("grid {grid:?} exceeds the adapter's workgroup limit"),
+        });
+    }
+    let pitch = grid[0] * grid[1] * 64;
+    let (la, lb) = (a.layout(), b.layout());
+    let r = la.rank();
+    let header = [
+        to_u32(m, "M")?,
+        to_u32(n, "N")?,
+        to_u32(k, "K")?,
+        to_u32(la.strides()[r - 2], "stride")?,
+        to_u32(lb.strides()[r - 1], "stride")?,
+        to_u32(la.offset(), "offset")?,
+        to_u32(lb.offset(), "offset")?,
+        to_u32(pitch, "pitch")?,
+    ];
+    let partial = ctx.pool.alloc((parts * mf * 16 * pitch * 4) as u64)?;
+    ctx.dispatch(
+        &MATMUL_NARROW,
+        &[("MF", mf as f64), ("KA", narrow_depth(mf) as f64)],
+        bytemuck::cast_slice(&header),
+        &[buffer(a), buffer(b)],
+        &partial,
+        [grid[0] as u32, grid[1] as u32, parts as u32],
+    )?;
+    super::qmatmul::sum_parts(
+        ctx,
+        &partial,
+        parts,
+        m * n,
+        Some((n, pitch)),
+        out,
+        out_dtype,
+    )
 }
 
 /// Tiles of 128x128 up to which an f16 product on the tensor-core kernels
@@ -511,6 +659,12 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
                             out.push((&MATMUL_COOP_WIDE, v));
                         }
                     }
+                }
+            }
+            if dt == 1.0 && o == 0.0 {
+                for mf in 1..=NARROW_MAX_M.div_ceil(16) {
+                    let v = vec![("MF", mf as f64), ("KA", narrow_depth(mf) as f64)];
+                    out.push((&MATMUL_NARROW, v));
                 }
             }
             for m in 1..=GEMV_MAX_M {

@@ -40,7 +40,7 @@ pub struct GpuFeatures {
     /// Rows of f16 x from which quantized products take the
     /// cooperative-matrix kernel (where `coop16`).
     pub coop_rows: u32,
-    /// qmatmul_narrow.wgsl runs: `coop16` and subgroup barriers, and
+    /// qmatmul_narrow.wgsl and matmul_narrow.wgsl run: `coop16` and subgroup barriers, and
     /// [`GpuOptions::narrow_kernel`].
     pub narrow: bool,
     /// Rows of f16 x from which quantized products decode their weights
