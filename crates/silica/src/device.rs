@@ -369,13 +369,7 @@ impl Device {
     /// The device named by `SILICA_DEVICE` if set, else the best GPU
     /// (never a software adapter), else the CPU.
     pub fn best() -> Result<Device> {
-        match crate::config::device_selector() {
-            Some(s) => Device::select(&s),
-            None => match default_gpu_index() {
-                Some(i) => Device::gpu(i),
-                None => Ok(Device::Cpu),
-            },
-        }
+        Device::open_selected(None, Device::gpu)
     }
 
     /// The device `selector` names ([`Device::select`]), or without one the
@@ -384,35 +378,38 @@ impl Device {
     /// settings differ from the environment's (`silica serve
     /// --keep-decoded`).
     pub fn select_with_options(selector: Option<&str>, options: &GpuOptions) -> Result<Device> {
-        let sel = match selector {
-            Some(s) => Some(s.to_string()),
-            None => crate::config::device_selector(),
-        };
-        let index = match sel {
-            Some(s) => match Selector::parse(&s)? {
-                Selector::Cpu => None,
-                parsed => parsed.resolve(&adapters(), &s)?,
-            },
-            None => default_gpu_index(),
-        };
-        match index {
-            Some(i) => Device::gpu_with_options(i, options),
-            None => Ok(Device::Cpu),
-        }
+        Device::open_selected(selector, |i| Device::gpu_with_options(i, options))
     }
 
     /// The device a selector string names (the syntax of `SILICA_DEVICE`:
     /// `cpu`, `gpu`, `gpu:N`, `metal`, `vulkan`, `dx12`, `gl`, or part of an
     /// adapter's name).
     pub fn select(selector: &str) -> Result<Device> {
-        let sel = Selector::parse(selector)?;
-        if sel == Selector::Cpu {
-            // no need to wake up every GPU driver
-            return Ok(Device::Cpu);
-        }
-        match sel.resolve(&adapters(), selector)? {
+        Device::open_selected(Some(selector), Device::gpu)
+    }
+
+    /// The device `selector` names, else the one `SILICA_DEVICE` names,
+    /// else the best GPU, else the CPU, a GPU opened by `open` from its
+    /// adapter index.
+    fn open_selected(
+        selector: Option<&str>,
+        open: impl FnOnce(usize) -> Result<Device>,
+    ) -> Result<Device> {
+        let sel = match selector {
+            Some(s) => Some(s.to_string()),
+            None => crate::config::device_selector(),
+        };
+        let index = match sel {
+            Some(s) => match Selector::parse(&s)? {
+                // no need to wake up every GPU driver
+                Selector::Cpu => None,
+                parsed => parsed.resolve(&adapters(), &s)?,
+            },
+            None => default_gpu_index(),
+        };
+        match index {
+            Some(i) => open(i),
             None => Ok(Device::Cpu),
-            Some(i) => Device::gpu(i),
         }
     }
 
