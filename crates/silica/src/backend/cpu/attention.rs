@@ -347,7 +347,7 @@ fn softmax_row_any<const FUSED: bool>(x: &[f32], o: &mut [MaybeUninit<f32>]) {
         }
         return;
     }
-    let max = max16(x);
+    let max = row_max(x);
     for (p, &v) in o.iter_mut().zip(x) {
         p.write(exp::<FUSED>(v - max));
     }
@@ -355,7 +355,7 @@ fn softmax_row_any<const FUSED: bool>(x: &[f32], o: &mut [MaybeUninit<f32>]) {
     // written just above; MaybeUninit<f32> has f32's layout
     let o = unsafe { &mut *(o as *mut [MaybeUninit<f32>] as *mut [f32]) };
     // 0 / 0 = NaN when every entry is -inf, as in PyTorch
-    let inv = 1.0 / sum(o);
+    let inv = 1.0 / sum64(o);
     for p in o.iter_mut() {
         *p *= inv;
     }
@@ -364,7 +364,7 @@ fn softmax_row_any<const FUSED: bool>(x: &[f32], o: &mut [MaybeUninit<f32>]) {
 /// `scores` ← their softmax's numerators; returns 1 / their sum.
 #[inline(always)]
 fn softmax_in_place<const FUSED: bool>(scores: &mut [f32]) -> f32 {
-    let max = max16(scores);
+    let max = row_max(scores);
     for s in scores.iter_mut() {
         *s = exp::<FUSED>(*s - max);
     }
@@ -835,13 +835,16 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     fold(acc) + tail
 }
 
-/// The largest of `v` (NaN ignored, as `f32::max` does) in 16 lanes.
+/// The largest of `v` (NaN ignored, as `f32::max` does) in 64 lanes: four
+/// vectors of 16 compared independently, so that a long row does not wait
+/// on one register's chain of comparisons (the largest is the same in any
+/// order).
 #[inline(always)]
-fn max16(v: &[f32]) -> f32 {
-    let mut acc = [f32::NEG_INFINITY; 16];
-    let (c, t) = v.as_chunks::<16>();
+fn row_max(v: &[f32]) -> f32 {
+    let mut acc = [f32::NEG_INFINITY; 64];
+    let (c, t) = v.as_chunks::<64>();
     for x in c {
-        for l in 0..16 {
+        for l in 0..64 {
             // a comparison, one max instruction a vector: `f32::max`'s NaN
             // rule costs a test and a blend more (a NaN compares false
             // here and is ignored too, the lanes never holding one)
@@ -850,6 +853,28 @@ fn max16(v: &[f32]) -> f32 {
     }
     let m = acc.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
     t.iter().fold(m, |a, &b| a.max(b))
+}
+
+/// The sum of `v` in 64 lanes (four independent vectors of 16), folded by
+/// halves: the row softmax's denominator. The attention kernels keep the
+/// 16 lanes of [`sum`], whose order a model's activations were checked in.
+#[inline(always)]
+fn sum64(v: &[f32]) -> f32 {
+    let mut acc = [0f32; 64];
+    let (c, t) = v.as_chunks::<64>();
+    for x in c {
+        for l in 0..64 {
+            acc[l] += x[l];
+        }
+    }
+    let mut w = 32;
+    while w > 0 {
+        for l in 0..w {
+            acc[l] += acc[l + w];
+        }
+        w /= 2;
+    }
+    acc[0] + t.iter().sum::<f32>()
 }
 
 /// The sum of `v` in 16 lanes.

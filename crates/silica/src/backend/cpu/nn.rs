@@ -149,7 +149,7 @@ fn rms_norm_row_avx2(x: &[f32], w: &[f32], eps: f32, o: &mut [MaybeUninit<f32>])
 
 #[inline(always)]
 fn rms_norm_row_any(x: &[f32], w: &[f32], eps: f32, o: &mut [MaybeUninit<f32>]) {
-    let ms = lanes_sum(x, |v| v * v) / x.len() as f32;
+    let ms = lanes_sum::<16>(x, |v| v * v) / x.len() as f32;
     let inv = 1.0 / (ms + eps).sqrt();
     for ((o, &v), &g) in o.iter_mut().zip(x).zip(w) {
         o.write(v * inv * g);
@@ -197,26 +197,29 @@ fn layer_norm_row_avx2(x: &[f32], w: &[f32], b: &[f32], eps: f32, o: &mut [Maybe
 #[inline(always)]
 fn layer_norm_row_any(x: &[f32], w: &[f32], b: &[f32], eps: f32, o: &mut [MaybeUninit<f32>]) {
     let n = x.len() as f32;
-    let mean = lanes_sum(x, |v| v) / n;
-    let var = lanes_sum(x, |v| (v - mean) * (v - mean)) / n;
+    // 64 lanes: four vectors of 16 added independently, so that the
+    // sums do not wait on one register's additions
+    let mean = lanes_sum::<64>(x, |v| v) / n;
+    let var = lanes_sum::<64>(x, |v| (v - mean) * (v - mean)) / n;
     let inv = 1.0 / (var + eps).sqrt();
     for (((o, &v), &g), &c) in o.iter_mut().zip(x).zip(w).zip(b) {
         o.write((v - mean) * inv * g + c);
     }
 }
 
-/// The sum of `f` over `x` in 16 lanes folded by halves (a sum in order
-/// is a chain of scalar additions, which does not vectorize).
+/// The sum of `f` over `x` in `L` lanes (a power of two) folded by halves
+/// (a sum in order is a chain of scalar additions, which does not
+/// vectorize).
 #[inline(always)]
-fn lanes_sum(x: &[f32], f: impl Fn(f32) -> f32) -> f32 {
-    let mut acc = [0f32; 16];
-    let (chunks, tail) = x.as_chunks::<16>();
+fn lanes_sum<const L: usize>(x: &[f32], f: impl Fn(f32) -> f32) -> f32 {
+    let mut acc = [0f32; L];
+    let (chunks, tail) = x.as_chunks::<L>();
     for c in chunks {
-        for l in 0..16 {
+        for l in 0..L {
             acc[l] += f(c[l]);
         }
     }
-    let mut w = 8;
+    let mut w = L / 2;
     while w > 0 {
         for l in 0..w {
             acc[l] += acc[l + w];
