@@ -159,6 +159,11 @@ fn matmul_q_matches_the_dequantized_reference() {
                 (9, 33, 768),
                 (23, 40, 512),
                 (67, 70, 256),
+                // whole 16-row tiles, which a prompt's Q4_K product kept in
+                // rows packs as it goes on AVX-512 VNNI without AMX (from
+                // K = 4,096)
+                (17, 64, 512),
+                (9, 32, 4096),
             ] {
                 let w = QTensor::random(format, &[n, k], 5, &dev).unwrap();
                 let x = Tensor::randn(&[m, k], DType::F32, 6, &dev).unwrap();

@@ -106,15 +106,26 @@ pub fn qmatmul(
             // tiles for many rows of x, row dots for few (decode)
             let tiled = m >= GEMM_MIN_M;
             let mut rows = int8_task_rows(n, m, k);
+            // Q4_K's rows packed into tiles by each task, where that wins
+            let repack = packed::prefill_tile(format, n, k).filter(|_| tiled);
             if tiled {
-                rows = rows.next_multiple_of(qgemm::NR);
+                rows = rows.next_multiple_of(repack.unwrap_or(qgemm::NR));
             }
             if tiled {
+                let nb = k / format.block_elems();
                 out_t
                     .par_chunks_mut(rows * m)
                     .enumerate()
-                    .for_each(|(t, dst)| {
-                        qgemm::gemm_rows(path, w.skip(t * rows), &xq, m, dst);
+                    .for_each(|(t, dst)| match repack {
+                        Some(h) => {
+                            let mut tile = Vec::new();
+                            for (i, dst) in dst.chunks_mut(h * m).enumerate() {
+                                let first = (t * rows + i * h) * row_bytes;
+                                packed::pack_tile(format, h, &wb[first..], nb, &mut tile);
+                                packed::dot_tiles(format, h, &tile, &xq, m, 0, dst);
+                            }
+                        }
+                        None => qgemm::gemm_rows(path, w.skip(t * rows), &xq, m, dst),
                     });
             } else {
                 // decode: workers that stay awake between products
