@@ -160,8 +160,7 @@ fn matmul_q_matches_the_dequantized_reference() {
                 (23, 40, 512),
                 (67, 70, 256),
                 // whole 16-row tiles, which a prompt's Q4_K product kept in
-                // rows packs as it goes on AVX-512 VNNI without AMX (from
-                // K = 4,096)
+                // rows packs as it goes on AVX-512 VNNI without AMX
                 (17, 64, 512),
                 (9, 32, 4096),
             ] {

@@ -183,44 +183,57 @@ pub(crate) fn pack_tile(
     let (bb, at, _) = layout_of(code(format));
     let row_bytes = nb * bb;
     out.resize(tile * row_bytes, 0);
-    // `place`'s layout, its divisions taken out of the loop
-    let quants = (bb - at) * tile;
-    for (b, dst) in out.chunks_exact_mut((tile * bb).max(1)).enumerate() {
-        for r in 0..tile {
-            let src = &bytes[r * row_bytes + b * bb..][..bb];
-            for f in 0..at / 2 {
-                let o = quants + f * 2 * tile + r * 2;
-                dst[o..o + 2].copy_from_slice(&src[2 * f..2 * f + 2]);
+    match tile {
+        TILE => pack_tile_of::<TILE>(bb, at, nb, bytes, row_bytes, out),
+        TILE8 => pack_tile_of::<TILE8>(bb, at, nb, bytes, row_bytes, out),
+        _ => unreachable!("tiles are of {TILE} or {TILE8} rows"),
+    }
+}
+
+/// [`pack_tile`] for tiles of `T` rows: each output run of a block (a
+/// word of quants, or a 2-byte field, of every row) written whole, in
+/// order, from the `T` rows' blocks.
+#[inline(always)]
+fn pack_tile_of<const T: usize>(
+    bb: usize,
+    at: usize,
+    nb: usize,
+    bytes: &[u8],
+    row_bytes: usize,
+    out: &mut [u8],
+) {
+    let quants = (bb - at) * T;
+    for (b, dst) in out.chunks_exact_mut(T * bb).enumerate().take(nb) {
+        let src: [&[u8]; T] =
+            std::array::from_fn(|r| &bytes[r * row_bytes + b * bb..r * row_bytes + (b + 1) * bb]);
+        let (dq, dh) = dst.split_at_mut(quants);
+        for (j, d) in dq.chunks_exact_mut(4 * T).enumerate() {
+            for (r, d) in d.chunks_exact_mut(4).enumerate() {
+                d.copy_from_slice(&src[r][at + 4 * j..at + 4 * j + 4]);
             }
-            for (j, q) in src[at..].chunks_exact(4).enumerate() {
-                let o = j * 4 * tile + r * 4;
-                dst[o..o + 4].copy_from_slice(q);
+        }
+        for (f, d) in dh.chunks_exact_mut(2 * T).enumerate() {
+            for (r, d) in d.chunks_exact_mut(2).enumerate() {
+                d.copy_from_slice(&src[r][2 * f..2 * f + 2]);
             }
         }
     }
 }
 
 /// The tile height in which a prompt's product (8 rows of x or more) of
-/// `format` weights kept in rows (`rows` of `k`) packs them for the tile
-/// kernel a tile at a time, if it does: Q4_K of whole 16-row tiles and K
-/// from [`PREFILL_TILE_MIN_K`], where the AVX-512 VNNI kernel runs (the
-/// processors without AMX keep Q4_K in rows, whose decode products the
-/// tiles slow down; docs/tuning.md, "CPU weights in tiles of 16 rows").
-pub(crate) fn prefill_tile(format: QuantFormat, rows: usize, k: usize) -> Option<usize> {
+/// `format` weights kept in rows (`rows` of them) packs them for the tile
+/// kernel a tile at a time, if it does: Q4_K of whole 16-row tiles where
+/// the AVX-512 VNNI kernel runs (the processors without AMX keep Q4_K in
+/// rows, whose decode products the tiles slow down). On a Zen 5 EPYC a 1B
+/// model's Q4_K prompts of 16 to 512 tokens took 6–36% less time so
+/// (docs/tuning.md, "CPU weights in tiles of 16 rows").
+pub(crate) fn prefill_tile(format: QuantFormat, rows: usize) -> Option<usize> {
     (format == QuantFormat::Q4_K
-        && k >= PREFILL_TILE_MIN_K
         && fast_path(TILE)
         && rows.is_multiple_of(TILE)
         && super::cpu_int8_activations())
     .then_some(TILE)
 }
-
-/// Depth from which a prompt's Q4_K product packs its rows into tiles:
-/// on a Zen 5 EPYC a 1B model's down product (K = 8,192) took 19–25% less
-/// time at 512 rows with the packing, its K = 2,048 products 5–6% less at
-/// 512 rows and nothing over a 128-token prompt, where packing every
-/// weight once cost about what the tiles saved.
-const PREFILL_TILE_MIN_K: usize = 4096;
 
 /// Rows `first..first + out.len() / row_bytes` of the matrix `tiles` in
 /// tiles of `tile` rows (`nb` blocks a row), in the file's layout.

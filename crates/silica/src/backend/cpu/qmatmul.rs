@@ -107,7 +107,7 @@ pub fn qmatmul(
             let tiled = m >= GEMM_MIN_M;
             let mut rows = int8_task_rows(n, m, k);
             // Q4_K's rows packed into tiles by each task, where that wins
-            let repack = packed::prefill_tile(format, n, k).filter(|_| tiled);
+            let repack = packed::prefill_tile(format, n).filter(|_| tiled);
             if tiled {
                 rows = rows.next_multiple_of(repack.unwrap_or(qgemm::NR));
             }
