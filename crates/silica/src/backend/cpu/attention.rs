@@ -355,7 +355,9 @@ fn softmax_row_any<const FUSED: bool>(x: &[f32], o: &mut [MaybeUninit<f32>]) {
     // written just above; MaybeUninit<f32> has f32's layout
     let o = unsafe { &mut *(o as *mut [MaybeUninit<f32>] as *mut [f32]) };
     // 0 / 0 = NaN when every entry is -inf, as in PyTorch
-    let inv = 1.0 / sum64(o);
+    // (64 lanes: four independent vectors; the attention kernels keep the
+    // 16 lanes of `sum`, whose order a model's activations were checked in)
+    let inv = 1.0 / super::nn::lanes_sum::<64>(o, |v| v);
     for p in o.iter_mut() {
         *p *= inv;
     }
@@ -853,28 +855,6 @@ fn row_max(v: &[f32]) -> f32 {
     }
     let m = acc.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
     t.iter().fold(m, |a, &b| a.max(b))
-}
-
-/// The sum of `v` in 64 lanes (four independent vectors of 16), folded by
-/// halves: the row softmax's denominator. The attention kernels keep the
-/// 16 lanes of [`sum`], whose order a model's activations were checked in.
-#[inline(always)]
-fn sum64(v: &[f32]) -> f32 {
-    let mut acc = [0f32; 64];
-    let (c, t) = v.as_chunks::<64>();
-    for x in c {
-        for l in 0..64 {
-            acc[l] += x[l];
-        }
-    }
-    let mut w = 32;
-    while w > 0 {
-        for l in 0..w {
-            acc[l] += acc[l + w];
-        }
-        w /= 2;
-    }
-    acc[0] + t.iter().sum::<f32>()
 }
 
 /// The sum of `v` in 16 lanes.

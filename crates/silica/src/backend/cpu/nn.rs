@@ -211,7 +211,7 @@ fn layer_norm_row_any(x: &[f32], w: &[f32], b: &[f32], eps: f32, o: &mut [MaybeU
 /// (a sum in order is a chain of scalar additions, which does not
 /// vectorize).
 #[inline(always)]
-fn lanes_sum<const L: usize>(x: &[f32], f: impl Fn(f32) -> f32) -> f32 {
+pub(super) fn lanes_sum<const L: usize>(x: &[f32], f: impl Fn(f32) -> f32) -> f32 {
     let mut acc = [0f32; L];
     let (chunks, tail) = x.as_chunks::<L>();
     for c in chunks {

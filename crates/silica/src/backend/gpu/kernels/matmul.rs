@@ -2,6 +2,9 @@
 
 use super::elementwise::via_f32;
 use super::launch::{buffer, pack, params, to_u32};
+// matmul_narrow.wgsl keeps qmatmul_narrow.wgsl's tiles and slice of x,
+// so its grid and the depth of its parts are that kernel's
+use super::qmatmul::{narrow_depth, narrow_grid};
 use super::{Context, Kernel, KernelNeeds};
 use crate::memory::GpuBuffer;
 use crate::{DType, Error, Layout, Result, Tensor};
@@ -446,31 +449,6 @@ const NARROW_MAX_M: usize = 32;
 /// 128-row tiles: a 1B model's gate and up (16,384 columns) write 16.8 MB
 /// at 32 rows, a large vocabulary's LM head (128,256) 131 MB.
 const NARROW_PARTIAL_BYTES: usize = 32 << 20;
-
-/// The most of K a part of matmul_narrow.wgsl walks for `mf` (1 or 2)
-/// fragments of 16 rows (its `KA`, 512 or 256): x's slice, 16 mf (KA + 8)
-/// halves, fits its 2,112 vec4 slots.
-fn narrow_depth(mf: usize) -> usize {
-    512 / mf
-}
-
-/// Workgroups of matmul_narrow.wgsl that a split of K aims for: about 8
-/// an SM of a 132-SM GPU.
-const NARROW_GROUPS: usize = 1024;
-
-/// matmul_narrow.wgsl's grid for `m` rows of x, `n` weight rows and depth
-/// `k`: (workgroups along the weight rows, parts of K).
-fn narrow_grid(m: usize, n: usize, k: usize) -> (usize, usize) {
-    let cols = n.div_ceil(64);
-    let steps = k.div_ceil(128);
-    // parts of whole steps of 128, each at most narrow_depth deep; more
-    // (down to 2 steps a part) while the grid is short of NARROW_GROUPS
-    let mut parts = k.div_ceil(narrow_depth(m.div_ceil(16))).max(1);
-    while cols * parts < NARROW_GROUPS && steps / (parts * 2) >= 2 {
-        parts *= 2;
-    }
-    (cols, parts)
-}
 
 /// Whether matmul_narrow.wgsl can take an f16 product of `m` rows: a read
 /// along k with rows on 16 bytes, b read along k (a weight `[n, k]`

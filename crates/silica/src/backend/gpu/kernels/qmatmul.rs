@@ -704,7 +704,7 @@ const NARROW_PARTIAL_BYTES: usize = 16 << 20;
 /// The most of K a part of qmatmul_narrow.wgsl walks for `mf` (1 or 2)
 /// fragments of 16 rows (its `KA`, 512 or 256): x's slice, 16 mf (KA + 8)
 /// halves, fits its 2,112 vec4 slots.
-fn narrow_depth(mf: usize) -> usize {
+pub(crate) fn narrow_depth(mf: usize) -> usize {
     512 / mf
 }
 
@@ -714,7 +714,7 @@ const NARROW_GROUPS: usize = 1024;
 
 /// qmatmul_narrow.wgsl's grid for `m` rows of x, `n` weight rows and depth
 /// `k`: (workgroups along the weight rows, parts of K).
-fn narrow_grid(m: usize, n: usize, k: usize) -> (usize, usize) {
+pub(crate) fn narrow_grid(m: usize, n: usize, k: usize) -> (usize, usize) {
     let cols = n.div_ceil(64);
     let steps = k.div_ceil(128);
     // parts of whole steps of 128, each at most narrow_depth deep; more
