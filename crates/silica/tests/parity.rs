@@ -605,6 +605,42 @@ fn qmatmul_decoded_cases(cases: &mut Vec<Case>) {
     }
 }
 
+/// `residual + x @ wᵀ` in f16 on the products past the GEMV kernels that
+/// add the residual as they sum their parts: qmatmul_narrow.wgsl (one and
+/// two fragments), the quantized tiles split along K (a K-quant), and a
+/// prompt's weights decoded for the f16 tiles split along K; the residual
+/// contiguous, a transposed view, or contiguous from an odd element.
+fn qmatmul_residual_cases(cases: &mut Vec<Case>) {
+    // (format, rows of x, output columns, k, the residual: 0 contiguous,
+    // 1 transposed, 2 from element 1 of its buffer)
+    let shapes = [
+        (QuantFormat::Q4_0, 16, 2048, 2048, 0),
+        (QuantFormat::Q4_0, 30, 2056, 2048, 2),
+        (QuantFormat::Q4_K, 16, 2048, 2048, 1),
+        (QuantFormat::Q8_0, 256, 520, 1024, 2),
+    ];
+    for (format, m, n, k, layout) in shapes {
+        let name =
+            format!("matmul_q_fused residual {format} f16 layout {layout} [{m}, {k}] -> {n}");
+        case(cases, name, quantized(DType::F16, m), move |d| {
+            let w = QTensor::random(format, &[n, k], 46, d)?;
+            let x = input(Kind::Contiguous, &[m, k], DType::F16, 47, d)?;
+            let r = match layout {
+                0 => input(Kind::Contiguous, &[m, n], DType::F16, 48, d)?,
+                1 => input(Kind::Transposed, &[m, n], DType::F16, 48, d)?,
+                _ => Tensor::randn(&[m * n + 1], DType::F16, 48, d)?
+                    .narrow(0, 1, m * n)?
+                    .reshape(&[m, n])?,
+            };
+            let fuse = QFuse {
+                residual: Some(&r),
+                ..QFuse::default()
+            };
+            x.matmul_q_fused(&w, fuse)
+        });
+    }
+}
+
 /// `residual + swiglu(rms_norm(x) @ wᵀ)` with every subset of the three
 /// fusions: one kernel on a GPU for up to 64 rows of x (in chunks of up
 /// to 8), separate ops beyond; column counts odd and even (16-bit results of odd
@@ -815,6 +851,7 @@ fn all_cases() -> Vec<Case> {
     qmatmul_narrow_cases(&mut cases);
     qmatmul_decoded_cases(&mut cases);
     qmatmul_fused_cases(&mut cases);
+    qmatmul_residual_cases(&mut cases);
     data_movement_cases(&mut cases);
     nn_cases(&mut cases);
     cached_attention_cases(&mut cases);

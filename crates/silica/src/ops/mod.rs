@@ -55,6 +55,12 @@ impl QFusion {
         project: false,
     };
 
+    /// Only the residual added.
+    pub const RESIDUAL: QFusion = QFusion {
+        residual: true,
+        ..QFusion::NONE
+    };
+
     /// Whether the product is gated (SwiGLU or GeGLU): `w` holds gate and
     /// up stacked, and the result has half its rows.
     pub fn gated(&self) -> bool {

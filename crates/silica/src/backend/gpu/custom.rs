@@ -290,7 +290,9 @@ pub(crate) fn rms_norm_add(call: &mut GpuCall<'_>, eps: f32) -> Result<bool> {
 
 /// A quantized product with the norm, SwiGLU or residual of `fusion` as
 /// one kernel (operands as for `Op::QMatmul`, then the norm weight and the
-/// residual), where the GEMV kernel fuses them for this many rows; `false`
+/// residual), where the GEMV kernel fuses them for this many rows, or a
+/// residual alone with f16 x on an adapter with the cooperative-matrix
+/// kernels (whose split products add it as they sum their parts); `false`
 /// otherwise, with nothing recorded.
 pub(crate) fn fused_qmatmul(
     call: &mut GpuCall<'_>,
@@ -302,14 +304,11 @@ pub(crate) fn fused_qmatmul(
     let rows = x.numel() / k.max(1);
     let n = call.out_shape.last().copied().unwrap_or(0);
     let weight_rows = if fusion.gated() { 2 * n } else { n };
+    let ctx = &call.device.ctx;
+    let x16 = x.dtype() == DType::F16;
+    let residual_only = fusion == crate::QFusion::RESIDUAL && x16 && super::matmul::coop_tiles(ctx);
     if !x.dtype().is_float()
-        || !super::qmatmul::takes_gemv(
-            &call.device.ctx,
-            rows,
-            weight_rows,
-            k,
-            x.dtype() == DType::F16,
-        )
+        || !(super::qmatmul::takes_gemv(ctx, rows, weight_rows, k, x16) || residual_only)
         || !super::qmatmul::projects_in_kernel(fusion, call.inputs, rows)
     {
         return Ok(false);

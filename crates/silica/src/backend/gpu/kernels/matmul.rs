@@ -308,6 +308,21 @@ pub(crate) fn matmul(
     out: &GpuBuffer,
     out_dtype: DType,
 ) -> Result<()> {
+    matmul_plus(ctx, a, b, out_shape, None, out, out_dtype)
+}
+
+/// `a @ b + residual` (`residual` contiguous, of the output's shape and
+/// dtype, where given): the split products add it as they sum their
+/// parts, the others after the product.
+pub(crate) fn matmul_plus(
+    ctx: &Context,
+    a: &Tensor,
+    b: &Tensor,
+    out_shape: &[usize],
+    residual: Option<&Tensor>,
+    out: &GpuBuffer,
+    out_dtype: DType,
+) -> Result<()> {
     let r = out_shape.len();
     let (m, n, k) = (out_shape[r - 2], out_shape[r - 1], a.shape()[r - 1]);
     let batches: usize = out_shape[..r - 2].iter().product();
@@ -330,7 +345,7 @@ pub(crate) fn matmul(
     let narrow = batches == 1 && narrow_fits(ctx, &acc, dt, m, n, k);
     let chosen = forced.is_none() && (NARROW_MIN_M..=NARROW_AUTO_MAX_M).contains(&m);
     if narrow && (forced == Some("matmul_narrow") || chosen) {
-        return narrow_product(ctx, a, b, [m, n, k], out, out_dtype);
+        return narrow_product(ctx, a, b, [m, n, k], residual, out, out_dtype);
     }
     if forced.is_none() && batches == 1 && vec && n >= VEC_COOP_MIN_N && tiles <= SPLIT_TILES {
         let mut parts = super::qmatmul::coop_splits(tiles, k, ctx.features().split_k as usize);
@@ -338,8 +353,13 @@ pub(crate) fn matmul(
             parts /= 2;
         }
         if parts > 1 {
-            return split_k(ctx, a, b, [m, n, k], parts, out, out_dtype);
+            return split_k(ctx, a, b, [m, n, k], parts, residual, out, out_dtype);
         }
+    }
+    if residual.is_some() {
+        return super::qmatmul::plus_residual(ctx, residual, out_shape, out, out_dtype, |out| {
+            matmul_plus(ctx, a, b, out_shape, None, out, out_dtype)
+        });
     }
     let (kernel, grid) = if let Some(name) = forced.filter(|&f| match f {
         "matmul_coop" | "matmul_coop_sg4" => staged.is_some(),
@@ -482,6 +502,7 @@ fn narrow_product(
     a: &Tensor,
     b: &Tensor,
     [m, n, k]: [usize; 3],
+    residual: Option<&Tensor>,
     out: &GpuBuffer,
     out_dtype: DType,
 ) -> Result<()> {
@@ -523,6 +544,7 @@ fn narrow_product(
         parts,
         m * n,
         Some((n, pitch)),
+        residual,
         out,
         out_dtype,
     )
@@ -538,12 +560,14 @@ const SPLIT_TILES: usize = 64;
 /// `a @ b` of one batch `[m, k] @ [k, n]` (leading dimensions of size one
 /// aside) in `parts` parts of K, each part a batch of the f16 kernels into
 /// an f32 scratch, summed into `out` by split_sum.wgsl.
+#[allow(clippy::too_many_arguments)]
 fn split_k(
     ctx: &Context,
     a: &Tensor,
     b: &Tensor,
     [m, n, k]: [usize; 3],
     parts: usize,
+    residual: Option<&Tensor>,
     out: &GpuBuffer,
     out_dtype: DType,
 ) -> Result<()> {
@@ -563,7 +587,7 @@ fn split_k(
     ));
     let partial = ctx.pool.alloc((parts * m * n * 4) as u64)?;
     matmul(ctx, &a, &b, &[parts, m, n], &partial, DType::F32)?;
-    super::qmatmul::sum_parts(ctx, &partial, parts, m * n, None, out, out_dtype)
+    super::qmatmul::sum_parts(ctx, &partial, parts, m * n, None, residual, out, out_dtype)
 }
 
 /// The specialization constants of a launch: dtypes, the loading paths, and

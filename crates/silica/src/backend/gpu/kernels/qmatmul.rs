@@ -110,7 +110,7 @@ pub(crate) static SPLIT_SUM: Kernel = Kernel {
         include_str!("shared/store.wgsl"),
         include_str!("split_sum.wgsl")
     ),
-    inputs: 1,
+    inputs: 2,
     trusted: false,
     outputs: 1,
     immediates: true,
@@ -378,14 +378,20 @@ pub(crate) fn qmatmul(
     let weight_rows = if fusion.gated() { 2 * n } else { n };
     let x16 = x.dtype() == DType::F16;
     let gemv_path = takes_gemv(ctx, m, weight_rows, k, x16);
-    if !fusion.is_none() && !gemv_path {
-        return Err(Error::NotSupported {
-            op: "matmul_q",
-            reason: format!("no kernel fuses {fusion:?} for {m} rows"),
-        });
-    }
+    // past the GEMV kernels a residual alone is added by the sum of a
+    // split product's parts, or after the product
+    let residual = match fusion {
+        _ if gemv_path || fusion.is_none() => None,
+        _ if fusion == QFusion::RESIDUAL => Some(inputs[2]),
+        _ => {
+            return Err(Error::NotSupported {
+                op: "matmul_q",
+                reason: format!("no kernel fuses {fusion:?} for {m} rows"),
+            });
+        }
+    };
     if !gemv_path && x16 && decodes_first(ctx, m, weight_rows, k) {
-        match decoded_product(ctx, format, x, w, m, n, k, out, out_dtype) {
+        match decoded_product(ctx, format, x, w, [m, n, k], residual, out, out_dtype) {
             // the scratch matrix did not fit: the quantized tiles need none
             Err(Error::OutOfMemory { .. }) => {}
             done => return done,
@@ -448,7 +454,8 @@ pub(crate) fn qmatmul(
         && narrow_coop(ctx, m, weight_rows, k)
         && narrow_partials(m, n, k) <= NARROW_PARTIAL_BYTES
     {
-        return narrow_product(ctx, format, x, w, m, n, k, row_bytes, out, out_dtype);
+        let (mnk, r) = ([m, n, k], residual);
+        return narrow_product(ctx, format, x, w, mnk, row_bytes, r, out, out_dtype);
     } else if x16
         && super::matmul::coop_tiles(ctx)
         && (m >= COOP_MIN_M || narrow_coop(ctx, m, weight_rows, k))
@@ -496,6 +503,7 @@ pub(crate) fn qmatmul(
             &[buffer(x), buffer(w)],
             grid,
             m * n,
+            residual,
             out,
             out_dtype,
         );
@@ -512,15 +520,17 @@ pub(crate) fn qmatmul(
         ],
         None => vec![buffer(x), buffer(w)],
     };
-    via_f32(ctx, out_shape, out, out_dtype, |dst, dt| {
-        ctx.dispatch(
-            kernel,
-            &constants(format, x.dtype(), dt, gemv),
-            bytes,
-            &srcs,
-            dst,
-            [grid[0] as u32, grid[1] as u32, grid[2] as u32],
-        )
+    plus_residual(ctx, residual, out_shape, out, out_dtype, |out| {
+        via_f32(ctx, out_shape, out, out_dtype, |dst, dt| {
+            ctx.dispatch(
+                kernel,
+                &constants(format, x.dtype(), dt, gemv),
+                bytes,
+                &srcs,
+                dst,
+                [grid[0] as u32, grid[1] as u32, grid[2] as u32],
+            )
+        })
     })
 }
 
@@ -604,9 +614,8 @@ fn decoded_product(
     format: QuantFormat,
     x: &Tensor,
     w: &Tensor,
-    m: usize,
-    n: usize,
-    k: usize,
+    [m, n, k]: [usize; 3],
+    residual: Option<&Tensor>,
     out: &GpuBuffer,
     out_dtype: DType,
 ) -> Result<()> {
@@ -614,7 +623,7 @@ fn decoded_product(
     let wt = decoded_weights(ctx, format, w, n, k, keep)?;
     let x = x.reshape(&[m, k])?;
     // (the f16 kernels split K themselves where the tiles are few)
-    super::matmul::matmul(ctx, &x, &wt.t()?, &[m, n], out, out_dtype)
+    super::matmul::matmul_plus(ctx, &x, &wt.t()?, &[m, n], residual, out, out_dtype)
 }
 
 /// The cooperative-matrix product on a grid of `grid[2]` parts of K: each
@@ -629,6 +638,7 @@ fn split_product(
     srcs: &[&GpuBuffer],
     grid: [usize; 3],
     count: usize,
+    residual: Option<&Tensor>,
     out: &GpuBuffer,
     out_dtype: DType,
 ) -> Result<()> {
@@ -642,41 +652,80 @@ fn split_product(
         &partial,
         [grid[0] as u32, grid[1] as u32, parts as u32],
     )?;
-    sum_parts(ctx, &partial, parts, count, None, out, out_dtype)
+    sum_parts(ctx, &partial, parts, count, None, residual, out, out_dtype)
 }
 
 /// split_sum.wgsl: `out` (`count` elements in `out_dtype`) = the sum of
 /// the `parts` f32 partial products in `partial`, laid end to end, or with
 /// `rows` (columns of out, row pitch of the parts) as qmatmul_narrow.wgsl
-/// lays them.
+/// lays them; plus `residual` (contiguous, in `out_dtype`) where given.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn sum_parts(
     ctx: &Context,
     partial: &GpuBuffer,
     parts: usize,
     count: usize,
     rows: Option<(usize, usize)>,
+    residual: Option<&Tensor>,
     out: &GpuBuffer,
     out_dtype: DType,
 ) -> Result<()> {
     let (cols, pitch) = rows.unwrap_or((0, 0));
+    let res_off = residual.map_or(0, |r| r.layout().offset());
     let sum = [
         to_u32(count, "element count")?,
         to_u32(parts, "parts")?,
         to_u32(cols, "columns")?,
         to_u32(pitch, "pitch")?,
+        to_u32(res_off, "offset")?,
+        0,
+        0,
+        0,
     ];
     let units = match out_dtype {
         DType::F16 | DType::BF16 => count.div_ceil(2),
         _ => count,
     };
+    let res = residual.map_or(partial, buffer);
     ctx.dispatch(
         &SPLIT_SUM,
-        &[("OUT_DT", out_dtype.gpu_code() as f64)],
+        &[
+            ("OUT_DT", out_dtype.gpu_code() as f64),
+            ("RES", residual.is_some() as u8 as f64),
+        ],
         bytemuck::cast_slice(&sum),
-        &[partial],
+        &[partial, res],
         out,
         ctx.grid_for_threads(units)?,
     )
+}
+
+/// `out = product + residual`: without a residual `product` writes `out`
+/// itself; with one it writes a scratch buffer of the pool, which
+/// binary_vec then adds to the residual into `out` (the products that end
+/// in split_sum.wgsl add it there instead).
+pub(crate) fn plus_residual(
+    ctx: &Context,
+    residual: Option<&Tensor>,
+    out_shape: &[usize],
+    out: &GpuBuffer,
+    out_dtype: DType,
+    product: impl FnOnce(&GpuBuffer) -> Result<()>,
+) -> Result<()> {
+    let Some(r) = residual else {
+        return product(out);
+    };
+    let count: usize = out_shape.iter().product();
+    let scratch = ctx.pool.alloc((count * out_dtype.size_in_bytes()) as u64)?;
+    product(&scratch)?;
+    let y = Tensor::from_parts(
+        Storage::Gpu(scratch),
+        out_shape,
+        out_dtype,
+        r.device().clone(),
+    );
+    let add = crate::ops::BinaryOp::Add as u32;
+    super::elementwise::binary(ctx, add, &y, Some(r), 0.0, out, out_dtype)
 }
 
 /// Whether narrow products in `format` take qmatmul_narrow.wgsl rather
@@ -742,10 +791,9 @@ fn narrow_product(
     format: QuantFormat,
     x: &Tensor,
     w: &Tensor,
-    m: usize,
-    n: usize,
-    k: usize,
+    [m, n, k]: [usize; 3],
     row_bytes: usize,
+    residual: Option<&Tensor>,
     out: &GpuBuffer,
     out_dtype: DType,
 ) -> Result<()> {
@@ -790,6 +838,7 @@ fn narrow_product(
         parts,
         m * n,
         Some((n, pitch)),
+        residual,
         out,
         out_dtype,
     )
@@ -1123,7 +1172,10 @@ pub(crate) fn specializations() -> Vec<(&'static Kernel, Vec<(&'static str, f64)
                     }
                 }
                 if format == QuantFormat::Q4_0 {
-                    out.push((&SPLIT_SUM, vec![("OUT_DT", o.gpu_code() as f64)]));
+                    for res in [0.0, 1.0] {
+                        let c = vec![("OUT_DT", o.gpu_code() as f64), ("RES", res)];
+                        out.push((&SPLIT_SUM, c));
+                    }
                 }
                 for m in 1..=GEMV_MAX_M {
                     out.push(gemv(m, rows(m), 32, QFusion::NONE));
