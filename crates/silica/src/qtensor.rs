@@ -425,7 +425,8 @@ impl Tensor {
             let rows = self.numel() / k.max(1);
             let r = a.shape().first().copied().unwrap_or(0);
             // (a prefill in f16 keeps `a`: qmatmul_composed projects in f16)
-            let prefill16 = self.dtype() == DType::F16 && prefill_product(self, rows, w.rows, k);
+            let prefill16 =
+                self.dtype() == DType::F16 && prefill_product(self, w.format, rows, w.rows, k);
             if !prefill16
                 && (r * k > LORA_IN_WORK
                     || rows.min(8) * r > crate::backend::gpu::qmatmul::LORA_IN_MAX)
@@ -633,10 +634,16 @@ fn aligned_rows(t: &Tensor) -> Result<Cow<'_, Tensor>> {
 /// its cooperative-matrix kernel (every product from
 /// [`crate::backend::gpu::qmatmul::COOP_MIN_M`] rows, wide ones from fewer
 /// on an adapter with cooperative matrices).
-fn prefill_product(x: &Tensor, m: usize, weight_rows: usize, k: usize) -> bool {
+fn prefill_product(
+    x: &Tensor,
+    format: QuantFormat,
+    m: usize,
+    weight_rows: usize,
+    k: usize,
+) -> bool {
     m >= crate::backend::gpu::qmatmul::COOP_MIN_M
         || match x.device() {
-            crate::Device::Gpu(g) => g.narrow_coop(m, weight_rows, k),
+            crate::Device::Gpu(g) => g.narrow_coop(format, m, weight_rows, k),
             crate::Device::Cpu => false,
         }
 }
@@ -659,7 +666,7 @@ pub(crate) fn qmatmul_composed(
     // the blocks are padded to whole words only: the floor is the row count
     let rows = (w.numel() * 4) / format.bytes_for(k).max(1);
     let m = inputs[0].numel() / k.max(1);
-    let prefill16 = dtype == DType::F16 && prefill_product(inputs[0], m, rows, k);
+    let prefill16 = dtype == DType::F16 && prefill_product(inputs[0], format, m, rows, k);
     // the compute dtype
     let ct = if prefill16 { DType::F16 } else { DType::F32 };
     let cast = |t: &Tensor| t.to_dtype(ct);

@@ -607,7 +607,7 @@ fn qmatmul_decoded_cases(cases: &mut Vec<Case>) {
 
 /// `residual + x @ wᵀ` in f16 on the products past the GEMV kernels that
 /// add the residual as they sum their parts: qmatmul_narrow.wgsl (one and
-/// two fragments), the quantized tiles split along K (a K-quant), and a
+/// two fragments, K up to 8,192), the quantized tiles split along K (a K-quant), and a
 /// prompt's weights decoded for the f16 tiles split along K; the residual
 /// contiguous, a transposed view, or contiguous from an odd element.
 fn qmatmul_residual_cases(cases: &mut Vec<Case>) {
@@ -618,6 +618,9 @@ fn qmatmul_residual_cases(cases: &mut Vec<Case>) {
         (QuantFormat::Q4_0, 30, 2056, 2048, 2),
         (QuantFormat::Q4_K, 16, 2048, 2048, 1),
         (QuantFormat::Q8_0, 256, 520, 1024, 2),
+        // deeper than the 128-row tiles go: K in 32 and 16 parts
+        (QuantFormat::Q4_0, 16, 2048, 8192, 0),
+        (QuantFormat::Q4_1, 32, 1024, 4096, 1),
     ];
     for (format, m, n, k, layout) in shapes {
         let name =

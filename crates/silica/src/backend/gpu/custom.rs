@@ -308,7 +308,7 @@ pub(crate) fn fused_qmatmul(
     let x16 = x.dtype() == DType::F16;
     let residual_only = fusion == crate::QFusion::RESIDUAL && x16 && super::matmul::coop_tiles(ctx);
     if !x.dtype().is_float()
-        || !(super::qmatmul::takes_gemv(ctx, rows, weight_rows, k, x16) || residual_only)
+        || !(super::qmatmul::takes_gemv(ctx, format, rows, weight_rows, k, x16) || residual_only)
         || !super::qmatmul::projects_in_kernel(fusion, call.inputs, rows)
     {
         return Ok(false);

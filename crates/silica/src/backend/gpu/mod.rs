@@ -138,8 +138,14 @@ impl GpuDevice {
     /// with `weight_rows` rows of `k` values takes a tensor-core kernel on
     /// this device (see `qmatmul::narrow_coop` and
     /// `qmatmul::decodes_first`).
-    pub(crate) fn narrow_coop(&self, m: usize, weight_rows: usize, k: usize) -> bool {
-        kernels::qmatmul::narrow_coop(&self.ctx, m, weight_rows, k)
+    pub(crate) fn narrow_coop(
+        &self,
+        format: crate::QuantFormat,
+        m: usize,
+        weight_rows: usize,
+        k: usize,
+    ) -> bool {
+        kernels::qmatmul::narrow_coop(&self.ctx, format, m, weight_rows, k)
             || kernels::qmatmul::decodes_first(&self.ctx, m, weight_rows, k)
     }
 

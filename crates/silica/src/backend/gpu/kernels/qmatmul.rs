@@ -152,26 +152,38 @@ pub(crate) const COOP_MIN_M: usize = 64;
 /// cores").
 const COOP_NARROW_WEIGHTS: usize = 1 << 22;
 
-/// Depth up to which a narrow product takes the cooperative-matrix kernels:
-/// the 128-row tiles wait on their loads, about 3 µs a step of 32 along K
+/// Depth up to which a narrow product takes the 128-row tiles (the
+/// K-quants): they wait on their loads, about 3 µs a step of 32 along K
 /// for a 1B model's products and 6 µs for an 8B model's (K = 4,096), whose
 /// every product of 16 or 32 rows was slower there than in two or four
-/// GEMV chunks (H200). qmatmul_narrow.wgsl keeps the bound: its 8B prefill
-/// of 16 tokens measured both faster and slower than the GEMV chunks in
-/// one call (docs/tuning.md, "Narrow products, a subgroup a tile").
+/// GEMV chunks (H200). qmatmul_narrow.wgsl takes any depth whose partial
+/// products fit [`NARROW_PARTIAL_BYTES`]: after the GPU's clock rose, a
+/// 1B model's down product (K = 8,192) and an 8B model's products took a
+/// 16-token prompt from 4.0–4.1 to 3.7–3.8 ms and from 30.3–30.4 to 16.7
+/// (docs/tuning.md, "Narrow products, a subgroup a tile").
 const COOP_NARROW_MAX_K: usize = 2048;
 
 /// Whether a product of `m` rows of f16 x with `weight_rows` rows of K
 /// values, fewer than [`COOP_MIN_M`] rows, takes a cooperative-matrix
-/// kernel on this device (qmatmul_narrow.wgsl where [`narrow_kernel`],
-/// else the 128-row tiles; split along K so that few tiles still fill the
+/// kernel on this device (qmatmul_narrow.wgsl where [`narrow_kernel`] and
+/// its partial products fit, else the 128-row tiles up to
+/// [`COOP_NARROW_MAX_K`]; split along K so that few tiles still fill the
 /// GPU) rather than the GEMV kernels in chunks of 8 rows, each of which
 /// decodes the weights again.
-pub(crate) fn narrow_coop(ctx: &Context, m: usize, weight_rows: usize, k: usize) -> bool {
+pub(crate) fn narrow_coop(
+    ctx: &Context,
+    format: QuantFormat,
+    m: usize,
+    weight_rows: usize,
+    k: usize,
+) -> bool {
+    let deep_ok = narrow_kernel(ctx, format)
+        && m <= NARROW_MAX_M
+        && narrow_partials(m, weight_rows, k) <= NARROW_PARTIAL_BYTES;
     super::matmul::coop_tiles(ctx)
         && m > GEMV_MAX_M
         && m >= ctx.features().coop_rows as usize
-        && k <= COOP_NARROW_MAX_K
+        && (k <= COOP_NARROW_MAX_K || deep_ok)
         && weight_rows * k >= COOP_NARROW_WEIGHTS
 }
 
@@ -309,9 +321,16 @@ fn gemv_lanes(n: usize, k: usize, rows: usize) -> usize {
 /// rows (of `k` values) stay within [`GEMV_CHUNK_ROWS`], except f16 x
 /// (`x16`) that [`narrow_coop`] sends to the cooperative-matrix kernel or
 /// [`decodes_first`] to the f16 kernels.
-pub(crate) fn takes_gemv(ctx: &Context, m: usize, weight_rows: usize, k: usize, x16: bool) -> bool {
-    let coop =
-        x16 && (narrow_coop(ctx, m, weight_rows, k) || decodes_first(ctx, m, weight_rows, k));
+pub(crate) fn takes_gemv(
+    ctx: &Context,
+    format: QuantFormat,
+    m: usize,
+    weight_rows: usize,
+    k: usize,
+    x16: bool,
+) -> bool {
+    let coop = x16
+        && (narrow_coop(ctx, format, m, weight_rows, k) || decodes_first(ctx, m, weight_rows, k));
     m <= GEMV_MAX_M
         || (!coop
             && m <= ctx.features().gemv_rows as usize
@@ -377,7 +396,7 @@ pub(crate) fn qmatmul(
     }
     let weight_rows = if fusion.gated() { 2 * n } else { n };
     let x16 = x.dtype() == DType::F16;
-    let gemv_path = takes_gemv(ctx, m, weight_rows, k, x16);
+    let gemv_path = takes_gemv(ctx, format, m, weight_rows, k, x16);
     // past the GEMV kernels a residual alone is added by the sum of a
     // split product's parts, or after the product
     let residual = match fusion {
@@ -448,17 +467,12 @@ pub(crate) fn qmatmul(
             [groups.min(max), groups.div_ceil(max), chunks],
             Some(gemv),
         )
-    } else if x16
-        && m <= NARROW_MAX_M
-        && narrow_kernel(ctx, format)
-        && narrow_coop(ctx, m, weight_rows, k)
-        && narrow_partials(m, n, k) <= NARROW_PARTIAL_BYTES
-    {
-        let (mnk, r) = ([m, n, k], residual);
+    } else if x16 && takes_narrow(ctx, format, m, weight_rows, k) {
+        let (mnk, r) = ([m, weight_rows, k], residual);
         return narrow_product(ctx, format, x, w, mnk, row_bytes, r, out, out_dtype);
     } else if x16
         && super::matmul::coop_tiles(ctx)
-        && (m >= COOP_MIN_M || narrow_coop(ctx, m, weight_rows, k))
+        && (m >= COOP_MIN_M || narrow_coop(ctx, format, m, weight_rows, k))
     {
         let tiles = [n.div_ceil(128), m.div_ceil(128)];
         let most = ctx.features().split_k as usize;
@@ -780,6 +794,24 @@ pub(crate) fn narrow_grid(m: usize, n: usize, k: usize) -> (usize, usize) {
 fn narrow_partials(m: usize, n: usize, k: usize) -> usize {
     let (cols, parts) = narrow_grid(m, n, k);
     parts * m.div_ceil(16) * 16 * cols * 64 * 4
+}
+
+/// Whether a product of `m` rows of f16 x past the GEMV kernels takes
+/// qmatmul_narrow.wgsl: up to [`NARROW_MAX_M`] rows, a format it reads,
+/// partial products within [`NARROW_PARTIAL_BYTES`], and no f16 copy of
+/// the weights to multiply instead.
+pub(crate) fn takes_narrow(
+    ctx: &Context,
+    format: QuantFormat,
+    m: usize,
+    weight_rows: usize,
+    k: usize,
+) -> bool {
+    m <= NARROW_MAX_M
+        && narrow_kernel(ctx, format)
+        && narrow_coop(ctx, format, m, weight_rows, k)
+        && narrow_partials(m, weight_rows, k) <= NARROW_PARTIAL_BYTES
+        && !decodes_first(ctx, m, weight_rows, k)
 }
 
 /// A product of `m` (up to [`NARROW_MAX_M`]) rows of f16 x on

@@ -45,16 +45,22 @@ fn residual_at(e: u32) -> f32 {
     }
 }
 
-fn value_at(e: u32) -> f32 {
-    var at = e;
-    var stride = p.n;
-    if p.pitch != 0u {
-        at = e / p.cols * p.pitch + e % p.cols;
-        stride = (p.n / p.cols + 15u) / 16u * 16u * p.pitch;
-    }
+// The sum of the parts at word `at` of the first, parts `stride` apart.
+fn parts_at(at: u32, stride: u32) -> f32 {
     var s = src[at];
     for (var j = 1u; j < p.parts; j++) {
         s += src[j * stride + at];
+    }
+    return s;
+}
+
+fn value_at(e: u32) -> f32 {
+    var s = 0.0;
+    if p.pitch != 0u {
+        let at = e / p.cols * p.pitch + e % p.cols;
+        s = parts_at(at, (p.n / p.cols + 15u) / 16u * 16u * p.pitch);
+    } else {
+        s = parts_at(e, p.n);
     }
     if RES {
         s += residual_at(e);
