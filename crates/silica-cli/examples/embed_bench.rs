@@ -11,17 +11,15 @@
 //! one (`cpu`, `gpu`, ...), ROUNDS to 5, MODEL (a sentence-transformers
 //! folder) to the built-in all-MiniLM-L6-v2.
 
+// the tool's allocator, so that the times are those of `silica` itself
+#[path = "../src/alloc.rs"]
+mod alloc;
+
 use std::time::Instant;
 
 use silica::{DType, Device};
 use silica_models::bert::SentenceEncoder;
 use silica_models::resolve::resolve_encoder;
-
-/// The allocator of the `silica` binary, set as `main.rs` sets it (freed
-/// pages reset rather than decommitted), so that both measure the same
-/// thing.
-#[global_allocator]
-static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -29,9 +27,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    // SAFETY: sets an option (5: `purge_decommits`); mimalloc reads it at
-    // each purge
-    unsafe { libmimalloc_sys::mi_option_set(5, 0) };
+    alloc::keep_freed_pages();
     let args: Vec<String> = std::env::args().collect();
     let file = args
         .get(1)

@@ -6,28 +6,8 @@
 //! (clap's message without its usage block), and panics too, without a
 //! backtrace unless `RUST_BACKTRACE` is set.
 
-/// mimalloc instead of the system allocator: recording a decode step
-/// allocates and frees many small objects (tensors, wgpu's pass commands),
-/// and glibc's allocator spent a sixth of that time consolidating its free
-/// lists when a pass's command list grew.
-#[global_allocator]
-static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-/// mimalloc's `purge_decommits` option (its index in `mi_option_t`, the
-/// same in mimalloc 2 and 3), which the sys crate does not name.
-const MI_OPTION_PURGE_DECOMMITS: libmimalloc_sys::mi_option_t = 5;
-
-/// Memory mimalloc purges (freed and unused for 10 ms) is reset, not
-/// decommitted: the OS takes it back only when it needs it, so that a
-/// prompt's intermediates, freed and allocated again a layer later, do not
-/// come back as fresh pages for the kernel to zero (docs/tuning.md, "CPU
-/// memory reuse").
-fn keep_freed_pages() {
-    // SAFETY: sets an option; mimalloc reads it at each purge
-    unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DECOMMITS, 0) };
-}
-
 mod activations;
+mod alloc;
 mod bench;
 mod devices;
 mod embed;
@@ -106,7 +86,7 @@ impl CliError {
 const ERROR_STATUS: u8 = 2;
 
 fn main() -> ExitCode {
-    keep_freed_pages();
+    alloc::keep_freed_pages();
     quiet_headless_vulkan();
     init_tracing();
     let cli = match Cli::try_parse() {
