@@ -1,6 +1,6 @@
-//! The allocator of the `silica` tool, and of its examples that time
-//! what the tool does (they include this file), so that both allocate as
-//! the tool does.
+//! The allocator of the `silica` tool, also included by its examples that
+//! time what the tool does and by the Python extension module, so that
+//! all of them allocate as the tool does.
 
 /// mimalloc instead of the system allocator: recording a decode step
 /// allocates and frees many small objects (tensors, wgpu's pass commands),
