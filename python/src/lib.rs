@@ -5,9 +5,8 @@
 //! and adds function forms of the tensor methods.
 
 // the `silica` tool's allocator and its setting (one definition, in the
-// tool's crate): with glibc's, a CPU prompt's large intermediates are
-// mapped afresh for each op, and a 1B model's 1,019-token prefill took
-// 4.3-4.4 s against 3.3-3.4 (Zen 5, 2 threads)
+// tool's crate): glibc's maps a CPU prompt's large intermediates afresh
+// for each op (docs/tuning.md, "CPU memory reuse")
 #[path = "../../crates/silica-cli/src/alloc.rs"]
 mod alloc;
 mod convert;

@@ -4,7 +4,7 @@ use super::elementwise::via_f32;
 use super::launch::{buffer, pack, params, to_u32};
 // matmul_narrow.wgsl keeps qmatmul_narrow.wgsl's tiles and slice of x,
 // so its grid and the depth of its parts are that kernel's
-use super::qmatmul::{narrow_depth, narrow_grid};
+use super::qmatmul::{narrow_depth, narrow_launch, narrow_partials};
 use super::{Context, Kernel, KernelNeeds};
 use crate::memory::GpuBuffer;
 use crate::{DType, Error, Layout, Result, Tensor};
@@ -485,10 +485,7 @@ fn narrow_fits(ctx: &Context, acc: &Access, dt: DType, m: usize, n: usize, k: us
         && k.is_multiple_of(8)
         && ctx.features().narrow
         && ctx.workgroup_memory() >= NARROW_MEMORY
-        && {
-            let (cols, parts) = narrow_grid(m, n, k);
-            parts * m.div_ceil(16) * 16 * cols * 64 * 4 <= NARROW_PARTIAL_BYTES
-        }
+        && narrow_partials(m, n, k) <= NARROW_PARTIAL_BYTES
 }
 
 /// Workgroup memory of matmul_narrow.wgsl, in bytes.
@@ -507,16 +504,8 @@ fn narrow_product(
     out_dtype: DType,
 ) -> Result<()> {
     let mf = m.div_ceil(16);
-    let (cols, parts) = narrow_grid(m, n, k);
-    let max = ctx.max_groups() as usize;
-    let grid = [cols.min(max), cols.div_ceil(max), parts];
-    if grid[1] > max || parts > max {
-        return Err(Error::NotSupported {
-            op: "matmul",
-            reason: format!("grid {grid:?} exceeds the adapter's workgroup limit"),
-        });
-    }
-    let pitch = grid[0] * grid[1] * 64;
+    let (grid, pitch) = narrow_launch(ctx, "matmul", m, n, k)?;
+    let parts = grid[2];
     let (la, lb) = (a.layout(), b.layout());
     let r = la.rank();
     let header = [

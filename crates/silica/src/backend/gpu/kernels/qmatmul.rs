@@ -153,14 +153,11 @@ pub(crate) const COOP_MIN_M: usize = 64;
 const COOP_NARROW_WEIGHTS: usize = 1 << 22;
 
 /// Depth up to which a narrow product takes the 128-row tiles (the
-/// K-quants): they wait on their loads, about 3 µs a step of 32 along K
-/// for a 1B model's products and 6 µs for an 8B model's (K = 4,096), whose
-/// every product of 16 or 32 rows was slower there than in two or four
-/// GEMV chunks (H200). qmatmul_narrow.wgsl takes any depth whose partial
-/// products fit [`NARROW_PARTIAL_BYTES`]: after the GPU's clock rose, a
-/// 1B model's down product (K = 8,192) and an 8B model's products took a
-/// 16-token prompt from 4.0–4.1 to 3.7–3.8 ms and from 30.3–30.4 to 16.7
-/// (docs/tuning.md, "Narrow products, a subgroup a tile").
+/// K-quants): they wait on their loads, and deeper products were slower
+/// there than in GEMV chunks. qmatmul_narrow.wgsl takes any depth whose
+/// partial products fit [`NARROW_PARTIAL_BYTES`], which is faster than
+/// the GEMV chunks at every depth measured (docs/tuning.md, "Narrow
+/// products, a subgroup a tile").
 const COOP_NARROW_MAX_K: usize = 2048;
 
 /// Whether a product of `m` rows of f16 x with `weight_rows` rows of K
@@ -177,14 +174,26 @@ pub(crate) fn narrow_coop(
     weight_rows: usize,
     k: usize,
 ) -> bool {
-    let deep_ok = narrow_kernel(ctx, format)
-        && m <= NARROW_MAX_M
-        && narrow_partials(m, weight_rows, k) <= NARROW_PARTIAL_BYTES;
     super::matmul::coop_tiles(ctx)
         && m > GEMV_MAX_M
         && m >= ctx.features().coop_rows as usize
-        && (k <= COOP_NARROW_MAX_K || deep_ok)
+        && (k <= COOP_NARROW_MAX_K || narrow_kernel_fits(ctx, format, m, weight_rows, k))
         && weight_rows * k >= COOP_NARROW_WEIGHTS
+}
+
+/// Whether qmatmul_narrow.wgsl can take this product: a format it reads,
+/// at most [`NARROW_MAX_M`] rows, partial products within
+/// [`NARROW_PARTIAL_BYTES`].
+fn narrow_kernel_fits(
+    ctx: &Context,
+    format: QuantFormat,
+    m: usize,
+    weight_rows: usize,
+    k: usize,
+) -> bool {
+    narrow_kernel(ctx, format)
+        && m <= NARROW_MAX_M
+        && narrow_partials(m, weight_rows, k) <= NARROW_PARTIAL_BYTES
 }
 
 pub(crate) static QROWS: Kernel = Kernel {
@@ -789,9 +798,33 @@ pub(crate) fn narrow_grid(m: usize, n: usize, k: usize) -> (usize, usize) {
     (cols, parts)
 }
 
+/// The launch of a narrow kernel (qmatmul_narrow.wgsl, matmul_narrow.wgsl)
+/// for `m` rows of x, `n` weight rows and depth `k`: its grid (columns
+/// folded into two dimensions within the adapter's limit, parts of K) and
+/// the row pitch of its partial products; `NotSupported` for `op` past
+/// the limit.
+pub(crate) fn narrow_launch(
+    ctx: &Context,
+    op: &'static str,
+    m: usize,
+    n: usize,
+    k: usize,
+) -> Result<([usize; 3], usize)> {
+    let (cols, parts) = narrow_grid(m, n, k);
+    let max = ctx.max_groups() as usize;
+    let grid = [cols.min(max), cols.div_ceil(max), parts];
+    if grid[1] > max || parts > max {
+        return Err(Error::NotSupported {
+            op,
+            reason: format!("grid {grid:?} exceeds the adapter's workgroup limit"),
+        });
+    }
+    Ok((grid, grid[0] * grid[1] * 64))
+}
+
 /// Bytes of the partial products of qmatmul_narrow.wgsl for this product:
 /// each part's rows padded to whole fragments, its columns to the grid's.
-fn narrow_partials(m: usize, n: usize, k: usize) -> usize {
+pub(crate) fn narrow_partials(m: usize, n: usize, k: usize) -> usize {
     let (cols, parts) = narrow_grid(m, n, k);
     parts * m.div_ceil(16) * 16 * cols * 64 * 4
 }
@@ -807,10 +840,8 @@ pub(crate) fn takes_narrow(
     weight_rows: usize,
     k: usize,
 ) -> bool {
-    m <= NARROW_MAX_M
-        && narrow_kernel(ctx, format)
+    narrow_kernel_fits(ctx, format, m, weight_rows, k)
         && narrow_coop(ctx, format, m, weight_rows, k)
-        && narrow_partials(m, weight_rows, k) <= NARROW_PARTIAL_BYTES
         && !decodes_first(ctx, m, weight_rows, k)
 }
 
@@ -831,16 +862,8 @@ fn narrow_product(
 ) -> Result<()> {
     let mf = m.div_ceil(16);
     let depth = narrow_depth(mf);
-    let (cols, parts) = narrow_grid(m, n, k);
-    let max = ctx.max_groups() as usize;
-    let grid = [cols.min(max), cols.div_ceil(max), parts];
-    if grid[1] > max || parts > max {
-        return Err(Error::NotSupported {
-            op: "matmul_q",
-            reason: format!("grid {grid:?} exceeds the adapter's workgroup limit"),
-        });
-    }
-    let pitch = grid[0] * grid[1] * 64;
+    let (grid, pitch) = narrow_launch(ctx, "matmul_q", m, n, k)?;
+    let parts = grid[2];
     let header = [
         to_u32(m, "M")?,
         to_u32(n, "N")?,
