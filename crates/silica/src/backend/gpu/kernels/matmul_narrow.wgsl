@@ -97,6 +97,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let steps = (kr.y - kr.x + TK - 1u) / TK;
     let px = KA / 4u + 2u;
 
+    // (the pitch covers every workgroup's columns, so that the subgroups
+    // past N, on clamped rows, stay in step with the others: cooperative
+    // operations need uniform control flow)
+    let n0 = (wid.y * nwg.x + wid.x) * 64u + sg * 16u;
+    // the first step's weights are loaded while x's slice is copied
+    var cur = fetch(n0, kr.x, kr.y, lane);
+
     // x's slice: runs of 8 halves, zeros past M and past the part's end
     let per_row = steps * (TK / 8u);
     let runs = MF * 16u * per_row;
@@ -114,14 +121,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
     workgroupBarrier();
 
-    // (the pitch covers every workgroup's columns, so that the subgroups
-    // past N, on clamped rows, stay in step with the others: cooperative
-    // operations need uniform control flow)
-    let n0 = (wid.y * nwg.x + wid.x) * 64u + sg * 16u;
     let t = sg * STAGE;
     var c0 = FragC();
     var c1 = FragC();
-    var cur = fetch(n0, kr.x, kr.y, lane);
     for (var i = 0u; i < steps; i++) {
         let kt = kr.x + i * TK;
         let next = fetch(n0, kt + TK, kr.y, lane);
