@@ -239,6 +239,53 @@ impl CustomOp for Linear {
     }
 }
 
+/// `x @ wᵀ + residual` (`Tensor::linear_add`): operands `[x [.., k],
+/// w [n, k], residual [.., n]]`, the residual of the output's shape; the
+/// caller checked them. On a GPU the products split along K add the
+/// residual as they sum their parts (no dispatch of its own); elsewhere
+/// `matmul`, then `add`.
+pub(crate) struct LinearAdd;
+
+impl LinearAdd {
+    fn composed(inputs: &[&Tensor]) -> Result<Tensor> {
+        inputs[0].matmul(&inputs[1].t()?)?.add(inputs[2])
+    }
+}
+
+impl CustomOp for LinearAdd {
+    fn name(&self) -> &'static str {
+        "linear_add"
+    }
+
+    fn output(&self, inputs: &[&Tensor], _: &[&Tensor]) -> Result<(Vec<usize>, DType)> {
+        Ok((inputs[2].shape().to_vec(), inputs[0].dtype()))
+    }
+
+    fn cpu(&self, inputs: &[&Tensor], _: &mut [&mut Tensor]) -> Result<Tensor> {
+        Self::composed(inputs)
+    }
+
+    fn gpu(&self, call: &mut GpuCall<'_>) -> Result<bool> {
+        crate::backend::gpu::custom::linear_add(call)
+    }
+
+    fn compose(&self, inputs: &[&Tensor], _: &mut [&mut Tensor]) -> Result<Option<Tensor>> {
+        Self::composed(inputs).map(Some)
+    }
+
+    /// A product's, plus the rounding of the sum in 16 bits.
+    fn tolerance(&self, dtype: DType, _: usize) -> Tolerance {
+        if dtype == DType::F32 {
+            Tolerance::sums(dtype)
+        } else {
+            Tolerance {
+                rms_share: 1.0 / 32.0,
+                ..Tolerance::sums(dtype)
+            }
+        }
+    }
+}
+
 /// `rms_norm(x, weight) + residual`: operands `[x, weight, residual]`,
 /// the caller checked them.
 pub(crate) struct RmsNormAdd {

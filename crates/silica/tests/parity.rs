@@ -644,6 +644,40 @@ fn qmatmul_residual_cases(cases: &mut Vec<Case>) {
     }
 }
 
+/// `x @ wᵀ + residual` with float weights (`Tensor::linear_add`): up to 32
+/// rows (the narrow kernel on adapters with cooperative matrices), a
+/// prompt's 256 rows on few tiles (split along K, the residual added by
+/// the parts' sum) and a shape that takes neither; the residual
+/// contiguous, from an odd element of its buffer, or a transposed view.
+fn linear_add_cases(cases: &mut Vec<Case>) {
+    // (rows of x, output columns, k, the residual: 0 contiguous, 1
+    // transposed, 2 from element 1 of its buffer)
+    let shapes = [
+        (16, 2048, 2048, 0),
+        (30, 520, 1024, 2),
+        (256, 512, 1024, 0),
+        (256, 520, 1024, 2),
+        (130, 136, 64, 1),
+    ];
+    for dtype in DType::FLOATS {
+        for (m, n, k, layout) in shapes {
+            let name = format!("linear_add {dtype} layout {layout} [{m}, {k}] -> {n}");
+            case(cases, name, quantized(dtype, m), move |d| {
+                let x = input(Kind::Contiguous, &[m, k], dtype, 61, d)?;
+                let w = input(Kind::Contiguous, &[n, k], dtype, 62, d)?;
+                let r = match layout {
+                    0 => input(Kind::Contiguous, &[m, n], dtype, 63, d)?,
+                    1 => input(Kind::Transposed, &[m, n], dtype, 63, d)?,
+                    _ => Tensor::randn(&[m * n + 1], dtype, 63, d)?
+                        .narrow(0, 1, m * n)?
+                        .reshape(&[m, n])?,
+                };
+                x.linear_add(&w, &r)
+            });
+        }
+    }
+}
+
 /// `residual + swiglu(rms_norm(x) @ wᵀ)` with every subset of the three
 /// fusions: one kernel on a GPU for up to 64 rows of x (in chunks of up
 /// to 8), separate ops beyond; column counts odd and even (16-bit results of odd
@@ -852,6 +886,7 @@ fn all_cases() -> Vec<Case> {
     forced_matmul_cases(&mut cases);
     qmatmul_cases(&mut cases);
     qmatmul_narrow_cases(&mut cases);
+    linear_add_cases(&mut cases);
     qmatmul_decoded_cases(&mut cases);
     qmatmul_fused_cases(&mut cases);
     qmatmul_residual_cases(&mut cases);

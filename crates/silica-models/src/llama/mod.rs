@@ -65,6 +65,10 @@ impl Weight {
                     }
                     None => x,
                 };
+                let gated = fuse.swiglu || fuse.geglu;
+                if let (Some(r), None, false) = (fuse.residual, fuse.low_rank, gated) {
+                    return x.linear_add(w, r);
+                }
                 let mut y = x.matmul(&w.t()?)?;
                 if let Some((u, b)) = fuse.low_rank {
                     y = y.add(&u.to_dtype(y.dtype())?.matmul(b)?)?;

@@ -54,6 +54,57 @@ impl Tensor {
         crate::custom::apply(&crate::fused::Linear, &[self, w, bias])
     }
 
+    /// `self @ wᵀ + residual` for `self [.., k]`, `w [n, k]` and `residual`
+    /// of the result's shape `[.., n]`, all of one float dtype: a linear
+    /// layer whose output joins a residual stream. On a GPU, where the
+    /// product is split along K (prompts of a few hundred rows on narrow
+    /// outputs, and up to 32 rows), the parts' sum adds the residual, which
+    /// saves the add's dispatch; elsewhere it is `matmul`, then `add`.
+    ///
+    /// ```
+    /// # use silica::{Device, Tensor};
+    /// let dev = Device::cpu();
+    /// let x = Tensor::from_slice(&[1.0f32, 2.0], &[1, 2], &dev)?;
+    /// let w = Tensor::from_slice(&[1.0f32, 0.0, 0.0, 1.0, 1.0, 1.0], &[3, 2], &dev)?;
+    /// let r = Tensor::from_slice(&[0.5f32, 0.0, -1.0], &[1, 3], &dev)?;
+    /// assert_eq!(x.linear_add(&w, &r)?.to_vec::<f32>()?, vec![1.5, 2.0, 2.0]);
+    /// # Ok::<(), silica::Error>(())
+    /// ```
+    pub fn linear_add(&self, w: &Tensor, residual: &Tensor) -> Result<Tensor> {
+        let op = "linear_add";
+        self.same_device(w, op)?;
+        self.same_device(residual, op)?;
+        let k = self.shape().last().copied().unwrap_or(0);
+        if self.rank() == 0 || w.rank() != 2 || w.shape()[1] != k {
+            return Err(Error::ShapeMismatch {
+                op,
+                lhs: self.shape().to_vec(),
+                rhs: w.shape().to_vec(),
+                hint: format!("x @ wᵀ needs x [.., k] and w [n, k] with k = {k}"),
+            });
+        }
+        let mut want = self.shape().to_vec();
+        want[self.rank() - 1] = w.shape()[0];
+        if residual.shape() != want.as_slice() {
+            return Err(Error::ShapeMismatch {
+                op,
+                lhs: residual.shape().to_vec(),
+                rhs: want.clone(),
+                hint: format!("the residual has the product's shape: {want:?}"),
+            });
+        }
+        for t in [w, residual] {
+            if !self.dtype().is_float() || t.dtype() != self.dtype() {
+                return Err(Error::DTypeMismatch {
+                    op,
+                    lhs: self.dtype(),
+                    rhs: t.dtype(),
+                });
+            }
+        }
+        crate::custom::apply(&crate::fused::LinearAdd, &[self, w, residual])
+    }
+
     /// Matrix product as `torch.matmul` defines it: `[.., M, K] @ [.., K, N]`
     /// with the batch dimensions broadcast; a 1-D operand is treated as a row
     /// (left) or column (right) vector and its dimension removed from the

@@ -288,6 +288,27 @@ pub(crate) fn rms_norm_add(call: &mut GpuCall<'_>, eps: f32) -> Result<bool> {
     Ok(true)
 }
 
+/// `x @ wᵀ + residual` (operands `[x, w, residual]`) through the float
+/// products, whose split parts take the residual into their sum; `false`
+/// for operands that are not contiguous (x, the residual) or empty.
+pub(crate) fn linear_add(call: &mut GpuCall<'_>) -> Result<bool> {
+    let (x, w, r) = (call.inputs[0], call.inputs[1], call.inputs[2]);
+    let (n, k) = (w.shape()[0], w.shape()[1]);
+    let m = x.numel() / k.max(1);
+    if m * n * k == 0 || !x.is_contiguous() || !r.is_contiguous() {
+        return Ok(false);
+    }
+    let x = x.reshape(&[m, k])?;
+    let wt = w.t()?;
+    let dtype = call.out_dtype;
+    call.output()?;
+    // invariant: allocated just above
+    let out = call.out.as_ref().expect("the output buffer");
+    let ctx = &call.device.ctx;
+    super::matmul::matmul_plus(ctx, &x, &wt, &[m, n], Some(r), out, dtype)?;
+    Ok(true)
+}
+
 /// A quantized product with the norm, SwiGLU or residual of `fusion` as
 /// one kernel (operands as for `Op::QMatmul`, then the norm weight and the
 /// residual), where the GEMV kernel fuses them for this many rows, or a
