@@ -4,11 +4,6 @@
 //! (activation capture, linear probes). `silica/__init__.py` re-exports it
 //! and adds function forms of the tensor methods.
 
-// the `silica` tool's allocator and its setting (one definition, in the
-// tool's crate): glibc's maps a CPU prompt's large intermediates afresh
-// for each op (docs/tuning.md, "CPU memory reuse")
-#[path = "../../crates/silica-cli/src/alloc.rs"]
-mod alloc;
 mod convert;
 mod device;
 mod dtype;
@@ -25,7 +20,9 @@ use pyo3::prelude::*;
 
 #[pymodule]
 fn _silica(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    alloc::keep_freed_pages();
+    // the `silica` tool's allocator: glibc's maps a CPU prompt's large
+    // intermediates afresh for each op (docs/tuning.md, "CPU memory reuse")
+    silica_alloc::keep_freed_pages();
     let py = m.py();
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("DeviceLostError", py.get_type::<errors::DeviceLostError>())?;

@@ -11,10 +11,6 @@
 //! one (`cpu`, `gpu`, ...), ROUNDS to 5, MODEL (a sentence-transformers
 //! folder) to the built-in all-MiniLM-L6-v2.
 
-// the tool's allocator, so that the times are those of `silica` itself
-#[path = "../src/alloc.rs"]
-mod alloc;
-
 use std::time::Instant;
 
 use silica::{DType, Device};
@@ -27,7 +23,8 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    alloc::keep_freed_pages();
+    // the tool's allocator, so that the times are those of `silica` itself
+    silica_alloc::keep_freed_pages();
     let args: Vec<String> = std::env::args().collect();
     let file = args
         .get(1)

@@ -10,10 +10,6 @@
 //! cargo run --release -p silica-cli --example pooled_decode -- MODEL.gguf [SEQUENCES] [f32|f16]
 //! ```
 
-// the tool's allocator, so that the times are those of `silica` itself
-#[path = "../src/alloc.rs"]
-mod alloc;
-
 use std::time::Instant;
 
 use silica::{DType, Device, Tensor};
@@ -23,7 +19,8 @@ use silica_models::llama::{KvPool, Llama, LoadOptions, PickedStep, PoolStep};
 const STEPS: usize = 128;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    alloc::keep_freed_pages();
+    // the tool's allocator, so that the times are those of `silica` itself
+    silica_alloc::keep_freed_pages();
     let args: Vec<String> = std::env::args().collect();
     let Some(path) = args.get(1) else {
         return Err("usage: pooled_decode MODEL.gguf [SEQUENCES] [f32|f16]".into());

@@ -13,10 +13,6 @@
 //! TOKENS: the prompt's tokens repeated or cut to exactly that many (as
 //! llama-bench's `-p N`).
 
-// the tool's allocator, so that the times are those of `silica` itself
-#[path = "../src/alloc.rs"]
-mod alloc;
-
 use silica::{DType, Device};
 use silica_models::gguf::GgufFile;
 use silica_models::llama::{Llama, LoadOptions};
@@ -24,7 +20,8 @@ use silica_models::sampling::{Sampler, SamplingParams};
 use silica_models::tokenizer::Tokenizer;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    alloc::keep_freed_pages();
+    // the tool's allocator, so that the times are those of `silica` itself
+    silica_alloc::keep_freed_pages();
     let args: Vec<String> = std::env::args().collect();
     if args.len() < 3 {
         return Err("usage: prefill_profile MODEL.gguf PROMPT.txt [f32|f16|bf16] [TOKENS]".into());

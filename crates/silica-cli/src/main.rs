@@ -7,7 +7,6 @@
 //! backtrace unless `RUST_BACKTRACE` is set.
 
 mod activations;
-mod alloc;
 mod bench;
 mod devices;
 mod embed;
@@ -86,7 +85,9 @@ impl CliError {
 const ERROR_STATUS: u8 = 2;
 
 fn main() -> ExitCode {
-    alloc::keep_freed_pages();
+    // mimalloc, freed pages kept (the silica-alloc crate: docs/tuning.md,
+    // "CPU memory reuse")
+    silica_alloc::keep_freed_pages();
     quiet_headless_vulkan();
     init_tracing();
     let cli = match Cli::try_parse() {

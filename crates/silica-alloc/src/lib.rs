@@ -1,6 +1,10 @@
-//! The allocator of the `silica` tool, also included by its examples that
-//! time what the tool does and by the Python extension module, so that
-//! all of them allocate as the tool does.
+//! The allocator of the `silica` tool, for the programs that should
+//! allocate as it does: its examples that time what it does, the Python
+//! extension module, and any program that runs models on the CPU.
+//!
+//! Linking this crate makes mimalloc the program's global allocator; a
+//! program takes it by calling [`keep_freed_pages`] at start (which also
+//! makes the crate a linked dependency).
 
 /// mimalloc instead of the system allocator: recording a decode step
 /// allocates and frees many small objects (tensors, wgpu's pass commands),
