@@ -183,15 +183,20 @@ impl CustomOp for FusedQMatmul {
         crate::qtensor::qmatmul_composed(self.format, self.fusion, inputs).map(Some)
     }
 
-    /// As the plain product's (see `dispatch::check_tolerance`).
     fn tolerance(&self, dtype: DType, _: usize) -> Tolerance {
-        if dtype == DType::F32 {
-            Tolerance::sums(dtype)
-        } else {
-            Tolerance {
-                rms_share: 1.0 / 32.0,
-                ..Tolerance::sums(dtype)
-            }
+        product_tolerance(dtype)
+    }
+}
+
+/// A product's check-mode tolerance, as the plain product's (see
+/// `dispatch::check_tolerance`).
+fn product_tolerance(dtype: DType) -> Tolerance {
+    if dtype == DType::F32 {
+        Tolerance::sums(dtype)
+    } else {
+        Tolerance {
+            rms_share: 1.0 / 32.0,
+            ..Tolerance::sums(dtype)
         }
     }
 }
@@ -243,14 +248,9 @@ impl CustomOp for Linear {
 /// w [n, k], residual [.., n]]`, the residual of the output's shape; the
 /// caller checked them. On a GPU the products split along K add the
 /// residual as they sum their parts (no dispatch of its own); elsewhere
-/// `matmul`, then `add`.
+/// `matmul`, then `add`, as [`Linear`]'s composition (the bias broadcast
+/// there, the residual whole here).
 pub(crate) struct LinearAdd;
-
-impl LinearAdd {
-    fn composed(inputs: &[&Tensor]) -> Result<Tensor> {
-        inputs[0].matmul(&inputs[1].t()?)?.add(inputs[2])
-    }
-}
 
 impl CustomOp for LinearAdd {
     fn name(&self) -> &'static str {
@@ -258,11 +258,11 @@ impl CustomOp for LinearAdd {
     }
 
     fn output(&self, inputs: &[&Tensor], _: &[&Tensor]) -> Result<(Vec<usize>, DType)> {
-        Ok((inputs[2].shape().to_vec(), inputs[0].dtype()))
+        Linear.output(inputs, &[])
     }
 
     fn cpu(&self, inputs: &[&Tensor], _: &mut [&mut Tensor]) -> Result<Tensor> {
-        Self::composed(inputs)
+        Linear::composed(inputs)
     }
 
     fn gpu(&self, call: &mut GpuCall<'_>) -> Result<bool> {
@@ -270,19 +270,11 @@ impl CustomOp for LinearAdd {
     }
 
     fn compose(&self, inputs: &[&Tensor], _: &mut [&mut Tensor]) -> Result<Option<Tensor>> {
-        Self::composed(inputs).map(Some)
+        Linear::composed(inputs).map(Some)
     }
 
-    /// A product's, plus the rounding of the sum in 16 bits.
     fn tolerance(&self, dtype: DType, _: usize) -> Tolerance {
-        if dtype == DType::F32 {
-            Tolerance::sums(dtype)
-        } else {
-            Tolerance {
-                rms_share: 1.0 / 32.0,
-                ..Tolerance::sums(dtype)
-            }
-        }
+        product_tolerance(dtype)
     }
 }
 

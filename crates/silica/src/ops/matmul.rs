@@ -21,36 +21,9 @@ impl Tensor {
     /// # Ok::<(), silica::Error>(())
     /// ```
     pub fn linear(&self, w: &Tensor, bias: &Tensor) -> Result<Tensor> {
-        let op = "linear";
-        self.same_device(w, op)?;
-        self.same_device(bias, op)?;
-        let k = self.shape().last().copied().unwrap_or(0);
-        if self.rank() == 0 || w.rank() != 2 || w.shape()[1] != k {
-            return Err(Error::ShapeMismatch {
-                op,
-                lhs: self.shape().to_vec(),
-                rhs: w.shape().to_vec(),
-                hint: format!("x @ wᵀ needs x [.., k] and w [n, k] with k = {k}"),
-            });
-        }
-        let n = w.shape()[0];
-        if bias.shape() != [n] {
-            return Err(Error::ShapeMismatch {
-                op,
-                lhs: bias.shape().to_vec(),
-                rhs: vec![n],
-                hint: format!("the bias has one value per output column: [{n}]"),
-            });
-        }
-        for t in [w, bias] {
-            if !self.dtype().is_float() || t.dtype() != self.dtype() {
-                return Err(Error::DTypeMismatch {
-                    op,
-                    lhs: self.dtype(),
-                    rhs: t.dtype(),
-                });
-            }
-        }
+        let n = w.shape().first().copied().unwrap_or(0);
+        let hint = format!("the bias has one value per output column: [{n}]");
+        self.check_linear("linear", w, bias, &[n], hint)?;
         crate::custom::apply(&crate::fused::Linear, &[self, w, bias])
     }
 
@@ -71,9 +44,28 @@ impl Tensor {
     /// # Ok::<(), silica::Error>(())
     /// ```
     pub fn linear_add(&self, w: &Tensor, residual: &Tensor) -> Result<Tensor> {
-        let op = "linear_add";
+        let mut want = self.shape().to_vec();
+        if let (Some(last), Some(&n)) = (want.last_mut(), w.shape().first()) {
+            *last = n;
+        }
+        let hint = format!("the residual has the product's shape: {want:?}");
+        self.check_linear("linear_add", w, residual, &want, hint)?;
+        crate::custom::apply(&crate::fused::LinearAdd, &[self, w, residual])
+    }
+
+    /// The checks of [`Tensor::linear`] and [`Tensor::linear_add`]: one
+    /// device, `self [.., k]` and `w [n, k]`, `extra` (the bias, the
+    /// residual) of shape `want` (`hint` says which), one float dtype.
+    fn check_linear(
+        &self,
+        op: &'static str,
+        w: &Tensor,
+        extra: &Tensor,
+        want: &[usize],
+        hint: String,
+    ) -> Result<()> {
         self.same_device(w, op)?;
-        self.same_device(residual, op)?;
+        self.same_device(extra, op)?;
         let k = self.shape().last().copied().unwrap_or(0);
         if self.rank() == 0 || w.rank() != 2 || w.shape()[1] != k {
             return Err(Error::ShapeMismatch {
@@ -83,17 +75,15 @@ impl Tensor {
                 hint: format!("x @ wᵀ needs x [.., k] and w [n, k] with k = {k}"),
             });
         }
-        let mut want = self.shape().to_vec();
-        want[self.rank() - 1] = w.shape()[0];
-        if residual.shape() != want.as_slice() {
+        if extra.shape() != want {
             return Err(Error::ShapeMismatch {
                 op,
-                lhs: residual.shape().to_vec(),
-                rhs: want.clone(),
-                hint: format!("the residual has the product's shape: {want:?}"),
+                lhs: extra.shape().to_vec(),
+                rhs: want.to_vec(),
+                hint,
             });
         }
-        for t in [w, residual] {
+        for t in [w, extra] {
             if !self.dtype().is_float() || t.dtype() != self.dtype() {
                 return Err(Error::DTypeMismatch {
                     op,
@@ -102,7 +92,7 @@ impl Tensor {
                 });
             }
         }
-        crate::custom::apply(&crate::fused::LinearAdd, &[self, w, residual])
+        Ok(())
     }
 
     /// Matrix product as `torch.matmul` defines it: `[.., M, K] @ [.., K, N]`
